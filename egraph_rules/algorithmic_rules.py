@@ -1,0 +1,365 @@
+"""Algorithmic rules: Lift's rewrites in point-free form, each guarded by its shape condition.
+
+Tile sizes are not every divisor: they are the native sizes of the selected targets, passed in,
+so saturation stays bounded (splitting never recurses below a native size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from egraph_rules.ir import T, Term, comp, fout, ta, tensor_type, tp, ts
+from egraph_rules.rules import Rule, chain_rewrites, rewrite
+
+F32 = ts("f32")
+
+
+def _v(n: int) -> Term:
+    return ta(F32, n)
+
+
+def _m(n: int, k: int) -> Term:
+    return tensor_type("f32", (n, k))
+
+
+def _var(name: str, t: Term) -> Term:
+    return T("Var", name, t)
+
+
+def _pick(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(rng.integers(lo, hi + 1))
+
+
+# ---------------------------------------------------------------- structural identities
+
+
+def _structural() -> list[Rule]:
+    def ex_assoc(rng):
+        n = _pick(rng, 1, 6)
+        return T("Comp", T("Comp", T("VVRelu", _v(n)), T("VVTanh", _v(n))), T("VVSigm", _v(n)))
+
+    def ex_fork_dist(rng):
+        n = _pick(rng, 1, 6)
+        return T("Comp", T("Fork", T("VVRelu", _v(n)), T("VVTanh", _v(n))), T("VVSigm", _v(n)))
+
+    def ex_fst(rng):
+        n = _pick(rng, 1, 6)
+        return T("Comp", T("Fst", tp(_v(n), _v(n))), T("Fork", T("VVRelu", _v(n)), T("Id", _v(n))))
+
+    def ex_snd(rng):
+        n = _pick(rng, 1, 6)
+        return T("Comp", T("Snd", tp(_v(n), _v(n))), T("Fork", T("VVRelu", _v(n)), T("VVTanh", _v(n))))
+
+    def ex_id_left(rng):
+        n = _pick(rng, 1, 6)
+        return T("Comp", T("Id", _v(n)), T("VVRelu", _v(n)))
+
+    def ex_id_right(rng):
+        n = _pick(rng, 1, 6)
+        return T("Comp", T("VVRelu", _v(n)), T("Id", _v(n)))
+
+    def ex_fork_id(rng):
+        n = _pick(rng, 1, 6)
+        return T("Fork", T("Fst", tp(_v(n), _v(n + 1))), T("Snd", tp(_v(n), _v(n + 1))))
+
+    def ex_map_id(rng):
+        return T("Map", T("Id", _v(_pick(rng, 1, 4))), _pick(rng, 1, 4))
+
+    def ex_split_join(rng):
+        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("Split", k, _v(k * m)), T("Join", _m(m, k)))
+
+    def ex_join_split(rng):
+        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("Join", _m(m, k)), T("Split", k, _v(k * m)))
+
+    def ex_app_comp(rng):
+        n = _pick(rng, 1, 5)
+        return T("App", T("VVRelu", _v(n)), T("App", T("VVTanh", _v(n)), _var("x", _v(n))))
+
+    def ex_app_id(rng):
+        return T("App", T("Id", _v(3)), _var("x", _v(3)))
+
+    def ex_map_fusion(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("Map", T("VVRelu", _v(n)), m), T("Map", T("VVTanh", _v(n)), m))
+
+    def ex_fold(rng):
+        n, k = _pick(rng, 1, 4), _pick(rng, 1, 3)
+        return T("Comp", T("Split", k, _v(n * k)), T("Const", _var("W", _v(n * k)), _v(2)))
+
+    def ex_fold_pad(rng):
+        n = _pick(rng, 1, 5)
+        return T("Comp", T("Pad", 0, _pick(rng, 1, 3), _v(n)), T("Const", _var("W", _v(n)), _v(2)))
+
+    def ex_fold_map_pad(rng):
+        n, k = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("Map", T("Pad", 0, _pick(rng, 1, 3), _v(k)), n), T("Const", _var("W", _m(n, k)), _v(2)))
+
+    def ex_fold_chip(rng):
+        n = _pick(rng, 1, 5)
+        return T("Comp", T("ToChip", "mem", _v(n)), T("Const", _var("W", _v(n)), _v(2)))
+
+    def ex_zip_map(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        x = T("Id", tp(T("TA", _v(n), m), T("TA", _v(n), m)))
+        g = comp(T("Map", T("VVRelu", _v(n)), m), T("Fst", fout(x)))
+        return comp(T("Zip", tp(T("TA", _v(n), m), T("TA", _v(n), m))), T("Fork", g, T("Snd", fout(x))))
+
+    a = "algorithmic"
+    return [
+        Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a),), "none",
+             "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),
+        Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",
+             "Fork(f, g) . h = Fork(f . h, g . h)", ex_fork_dist),
+        Rule("fst-of-fork", a, (rewrite("(Comp (Fst t) (Fork f g))", "f", a),), "none",
+             "Fst . Fork(f, g) = f", ex_fst),
+        Rule("snd-of-fork", a, (rewrite("(Comp (Snd t) (Fork f g))", "g", a),), "none",
+             "Snd . Fork(f, g) = g", ex_snd),
+        Rule("id-left", a, (rewrite("(Comp (Id t) f)", "f", a),), "none", "Id . f = f", ex_id_left),
+        Rule("id-right", a, (rewrite("(Comp f (Id t))", "f", a),), "none", "f . Id = f", ex_id_right),
+        Rule("fork-fst-snd", a, (rewrite("(Fork (Fst t) (Snd t))", "(Id t)", a),), "none",
+             "Fork(Fst, Snd) = Id", ex_fork_id),
+        Rule("map-id", a, (rewrite("(Map (Id t) n)", "(Id (TA t n))", a),), "none", "Map(Id) = Id", ex_map_id),
+        Rule("apply-compose", a, (rewrite("(App f (App g x))", "(App (Comp f g) x)", a),), "none",
+             "f (g x) = (f . g) x: values see the identities proven for functions", ex_app_comp),
+        Rule("apply-id", a, (rewrite("(App (Id t) x)", "x", a),), "none", "Id x = x", ex_app_id),
+        Rule("split-join", a, chain_rewrites(["(Split k (TA e km))", "(Join (TA (TA e k) m))"], ["(Id (TA (TA e k) m))"], a),
+             "none", "Split k . Join = Id on arrays of k-element rows", ex_split_join),
+        Rule("join-split", a, chain_rewrites(["(Join (TA (TA e k) m))", "(Split k t)"], ["(Id t)"], a),
+             "none", "Join . Split k = Id", ex_join_split),
+        Rule("map-fusion", a, chain_rewrites(["(Map f n)", "(Map g n)"], ["(Map (Comp f g) n)"], a),
+             "none", "Map f . Map g = Map (f . g)", ex_map_fusion),
+        Rule("zip-map-first", a,
+             chain_rewrites(
+                 ["(Zip (TP (TA a n) (TA b n)))", "(Fork (Comp (Map f n) g) h)"],
+                 ["(Map (Fork (Comp f (Fst (TP a2 b))) (Snd (TP a2 b))) n)", "(Zip (TP (TA a2 n) (TA b n)))", "(Fork g h)"],
+                 a, ["(= a2 (fin f))"]),
+             "none", "Zip . Fork(Map f . g, h) = Map(Fork(f . Fst, Snd)) . Zip . Fork(g, h): a map moves through a zip",
+             ex_zip_map),
+        Rule("fold-view-into-const", a, (rewrite("(Comp f (Const c t))", "(Const (App f c) t)", a, ["(isview f)"]),),
+             "f only re-indexes", "view . Const c = Const (view c): re-indexing a constant is a constant", ex_fold),
+        Rule("fold-pad-into-const", a,
+             (rewrite("(Comp (Pad l r u) (Const c t))", "(Const (App (Pad l r u) c) t)", a),
+              rewrite("(Comp (Map (Pad l r u) n) (Const c t))", "(Const (App (Map (Pad l r u) n) c) t)", a)),
+             "none", "padding a constant is a (padded) constant, laid out by the host", ex_fold_pad, ex_fold_map_pad),
+        Rule("fold-tochip-into-const", a,
+             (rewrite("(Comp (ToChip sp u) (Const c t))", "(Const (App (ToChip sp u) c) t)", a),),
+             "none", "a constant moved on chip once is a chip-resident (pinned) constant", ex_fold_chip),
+    ]
+
+
+# ---------------------------------------------------------------- tiling and padding
+
+
+def _tiling(n_: int) -> list[Rule]:
+    a = "algorithmic"
+    N = n_
+
+    def _mv(n, k):
+        return T("MVMul", tp(_m(n, k), _v(k)))
+
+    def ex_rows(rng):
+        return _mv(N * _pick(rng, 2, 3), _pick(rng, 1, 5))
+
+    def ex_cols(rng):
+        return _mv(_pick(rng, 1, 5), N * _pick(rng, 2, 3))
+
+    def ex_pad_rows(rng):
+        return _mv(N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1), _pick(rng, 1, 5))
+
+    def ex_pad_cols(rng):
+        return _mv(_pick(rng, 1, 5), N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1))
+
+    def ex_unary(rng):
+        return T(["VVRelu", "VVTanh", "VVSigm"][_pick(rng, 0, 2)], _v(N * _pick(rng, 2, 4)))
+
+    def ex_binary(rng):
+        n = N * _pick(rng, 2, 4)
+        return T(["VVAdd", "VVMul"][_pick(rng, 0, 1)], tp(_v(n), _v(n)))
+
+    def ex_slice_unary(rng):
+        n2 = N * _pick(rng, 1, 3)
+        n = _pick(rng, 1, n2 - 1) if n2 > 1 else 1
+        return T("Comp", T("VVRelu", _v(n)), T("Slice", 0, n, _v(n2)))
+
+    def ex_slice_binary(rng):
+        n2 = N * _pick(rng, 1, 3)
+        n = _pick(rng, 1, n2 - 1) if n2 > 1 else 1
+        g = T("Slice", 0, n, _v(n2))
+        h = T("Comp", T("Slice", 0, n, _v(n2)), T("VVTanh", _v(n2)))
+        return T("Comp", T("VVAdd", tp(_v(n), _v(n))), T("Fork", g, h))
+
+    pad_n = f"(+ n (- {N} (% n {N})))"
+    pad_k = f"(+ k (- {N} (% k {N})))"
+    tpm = "(TP (TA (TA s k) n) (TA s k))"
+    unary = []
+    for op in ("VVRelu", "VVTanh", "VVSigm"):
+        unary.append(rewrite(f"({op} (TA s n))",
+                             f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map ({op} (TA s {N})) (/ n {N})) (Split {N} (TA s n))))",
+                             a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
+    binary = []
+    for op in ("VVAdd", "VVMul"):
+        ts_ = f"(TA (TA s {N}) (/ n {N}))"
+        binary.append(rewrite(
+            f"({op} (TP (TA s n) (TA s n)))",
+            f"(Comp (Join {ts_}) (Comp (Map ({op} (TP (TA s {N}) (TA s {N}))) (/ n {N})) (Comp (Zip (TP {ts_} {ts_})) "
+            f"(Fork (Comp (Split {N} (TA s n)) (Fst (TP (TA s n) (TA s n)))) (Comp (Split {N} (TA s n)) (Snd (TP (TA s n) (TA s n))))))))",
+            a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
+    slice_unary = []
+    for op in ("VVRelu", "VVTanh", "VVSigm"):
+        slice_unary += chain_rewrites([f"({op} (TA s n))", "(Slice 0 n (TA s n2))"],
+                                      ["(Slice 0 n (TA s n2))", f"({op} (TA s n2))"], a)
+    slice_binary = []
+    for op in ("VVAdd", "VVMul"):
+        slice_binary += chain_rewrites(
+            [f"({op} (TP (TA s n) (TA s n)))", "(Fork (Comp (Slice 0 n (TA s n2)) g) h)"],
+            ["(Slice 0 n (TA s n2))", f"({op} (TP (TA s n2) (TA s n2)))",
+             "(Fork g (Comp (Pad 0 (- n2 n) (TA s n)) h))"], a, [f"(= 0 (% n2 {N}))"])
+    return [
+        Rule(f"mvmul-split-rows/{N}", a, (rewrite(
+            f"(MVMul {tpm})",
+            f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map (MVMul (TP (TA (TA s k) {N}) (TA s k))) (/ n {N})) "
+            f"(Comp (DistR (TP (TA (TA (TA s k) {N}) (/ n {N})) (TA s k))) "
+            f"(Fork (Comp (Split {N} (TA (TA s k) n)) (Fst {tpm})) (Snd {tpm})))))",
+            a, [f"(= 0 (% n {N}))", f"(> n {N})"]),),
+             f"rows n divisible by {N}, n > {N}",
+             "MVMul(W, x) = Join . Map(MVMul(-, x)) (Split N W): one output tile per row block", ex_rows),
+        Rule(f"mvmul-split-cols/{N}", a, (rewrite(
+            f"(MVMul {tpm})",
+            f"(Comp (Reduce (VVAdd (TP (TA s n) (TA s n))) (TA (TA s n) (/ k {N}))) "
+            f"(Comp (Map (MVMul (TP (TA (TA s {N}) n) (TA s {N}))) (/ k {N})) "
+            f"(Comp (Zip (TP (TA (TA (TA s {N}) n) (/ k {N})) (TA (TA s {N}) (/ k {N})))) "
+            f"(Fork (Comp (Transpose (TA (TA (TA s {N}) (/ k {N})) n)) (Comp (Map (Split {N} (TA s k)) n) (Fst {tpm}))) "
+            f"(Comp (Split {N} (TA s k)) (Snd {tpm}))))))",
+            a, [f"(= 0 (% k {N}))", f"(> k {N})"]),),
+             f"columns k divisible by {N}, k > {N}",
+             "MVMul(W, x) = Reduce(VVAdd) . Map(MVMul) . Zip(column blocks of W, Split N x): partial sums", ex_cols),
+        Rule(f"mvmul-pad-rows/{N}", a, (rewrite(
+            f"(MVMul {tpm})",
+            f"(Comp (Slice 0 n (TA s {pad_n})) (Comp (MVMul (TP (TA (TA s k) {pad_n}) (TA s k))) "
+            f"(Fork (Comp (Pad 0 (- {N} (% n {N})) (TA (TA s k) n)) (Fst {tpm})) (Snd {tpm}))))",
+            a, [f"(!= 0 (% n {N}))"]),),
+             f"rows n not divisible by {N}",
+             "MVMul(W, x) = Slice(0, n) . MVMul(Pad rows W to a multiple of N, x)", ex_pad_rows),
+        Rule(f"mvmul-pad-cols/{N}", a, (rewrite(
+            f"(MVMul {tpm})",
+            f"(Comp (MVMul (TP (TA (TA s {pad_k}) n) (TA s {pad_k}))) "
+            f"(Fork (Comp (Map (Pad 0 (- {N} (% k {N})) (TA s k)) n) (Fst {tpm})) "
+            f"(Comp (Pad 0 (- {N} (% k {N})) (TA s k)) (Snd {tpm}))))",
+            a, [f"(!= 0 (% k {N}))"]),),
+             f"columns k not divisible by {N}",
+             "MVMul(W, x) = MVMul(W with zero columns, x with zeros): zeros add nothing", ex_pad_cols),
+        Rule(f"unary-split/{N}", a, tuple(unary), f"length divisible by {N}, longer than {N}",
+             "elementwise f = Join . Map(f) . Split N", ex_unary),
+        Rule(f"binary-split/{N}", a, tuple(binary), f"length divisible by {N}, longer than {N}",
+             "elementwise (a op b) = Join . Map(op) . Zip(Split N a, Split N b)", ex_binary),
+        Rule(f"slice-through-unary/{N}", a, tuple(slice_unary), "slice starts at 0",
+             "f . Slice(0, n) = Slice(0, n) . f on the longer vector (elementwise f)", ex_slice_unary),
+        Rule(f"slice-through-binary/{N}", a, tuple(slice_binary), f"padded length divisible by {N}",
+             "Slice(0,n) a op b = Slice(0, n) (a op Pad b): elementwise op on the padded vector", ex_slice_binary),
+    ]
+
+
+# ---------------------------------------------------------------- data movement
+
+
+def _movement() -> list[Rule]:
+    a = "algorithmic"
+
+    def ex_elide(rng):
+        n = _pick(rng, 1, 5)
+        return T("Comp", T("ToChip", "mem", _v(n)), T("ToChip", "mem", _v(n)))
+
+    def ex_view(rng):
+        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("ToChip", "mem", _m(m, k)), T("Split", k, _v(k * m)))
+
+    def ex_hoist(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        p = tp(_v(n), _v(n))
+        body = T("Comp", T("VVAdd", p), T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)), T("Snd", p)))
+        return T("Map", body, m)
+
+    def ex_hoist_snd(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        p = tp(_v(n), _v(n))
+        body = T("Comp", T("VVAdd", p), T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
+        return T("Map", body, m)
+
+    def ex_through_zip(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        p = tp(_v(n), _v(n + 1))
+        pa = tp(T("TA", _v(n), m), T("TA", _v(n + 1), m))
+        return T("Comp", T("Map", T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)), T("Snd", p)), m), T("Zip", pa))
+
+    def ex_through_distr(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        p = tp(_v(n), _v(n + 1))
+        pa = tp(T("TA", _v(n), m), _v(n + 1))
+        return T("Comp", T("Map", T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", _v(n + 1)), T("Snd", p))), m), T("DistR", pa))
+
+    def ex_reduce(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 2, 4)
+        p = tp(_v(n), _v(n))
+        op = T("Comp", T("VVAdd", p), T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)),
+                                         T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
+        return T("Reduce", op, T("TA", _v(n), m))
+
+    hoist = []
+    for pos in ("Fst", "Snd"):
+        moved = "(Comp (ToChip sp a) (Fst (TP a b)))" if pos == "Fst" else "(Comp (ToChip sp b) (Snd (TP a b)))"
+        plain = "(Fst (TP a b))" if pos == "Fst" else "(Snd (TP a b))"
+        other = "(Snd (TP a b))" if pos == "Fst" else "(Fst (TP a b))"
+        fork_l = f"(Fork {moved} h)" if pos == "Fst" else f"(Fork h {moved})"
+        fork_r = f"(Fork {plain} h)" if pos == "Fst" else f"(Fork h {plain})"
+        only = f"(Fork {moved} {other})" if pos == "Fst" else f"(Fork {other} {moved})"
+        hoist.append(rewrite(f"(Map (Comp f {fork_l}) n)", f"(Comp (Map (Comp f {fork_r}) n) (Map {only} n))", a))
+    through = []
+    for src in ("Zip", "DistR"):
+        for pos in ("Fst", "Snd"):
+            if src == "DistR":
+                arr = "(TP (TA a n) b)"
+                moved_t = "(TA a n)" if pos == "Fst" else "b"
+            else:
+                arr = "(TP (TA a n) (TA b n))"
+                moved_t = "(TA a n)" if pos == "Fst" else "(TA b n)"
+            elem_t = "a" if pos == "Fst" else "b"
+            inner_moved = f"(Comp (ToChip sp {elem_t}) ({pos} (TP a b)))"
+            other = "(Snd (TP a b))" if pos == "Fst" else "(Fst (TP a b))"
+            elem_fork = f"(Fork {inner_moved} {other})" if pos == "Fst" else f"(Fork {other} {inner_moved})"
+            outer_moved = f"(Comp (ToChip sp {moved_t}) ({pos} {arr}))"
+            outer_other = f"({'Snd' if pos == 'Fst' else 'Fst'} {arr})"
+            outer_fork = f"(Fork {outer_moved} {outer_other})" if pos == "Fst" else f"(Fork {outer_other} {outer_moved})"
+            through += chain_rewrites([f"(Map {elem_fork} n)", f"({src} {arr})"], [f"({src} {arr})", outer_fork], a)
+    return [
+        Rule("tochip-elide", a, (rewrite("(Comp (ToChip sp t) g)", "g", a, ["(inspace g sp)"]),),
+             "the value is already in that memory", "ToChip . g = g when g's output already sits in that memory",
+             ex_elide),
+        Rule("tochip-through-view", a, (
+            rewrite("(Comp (ToChip sp t) v)", "(Comp v (ToChip sp u))", a,
+                    ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
+            rewrite("(Comp (ToChip sp t) (Comp v r))", "(Comp v (Comp (ToChip sp u) r))", a,
+                    ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
+        ), "v only re-indexes (Split, Join, Transpose, Zip, DistR, Slice, maps of these)",
+             "moving a re-indexed value = re-indexing the moved value", ex_view),
+        Rule("tochip-hoist-from-map", a, tuple(hoist), "none",
+             "Map(f . Fork(ToChip . Fst, h)) = Map(f . Fork(Fst, h)) . Map(Fork(ToChip . Fst, Snd))",
+             ex_hoist, ex_hoist_snd),
+        Rule("tochip-through-zip", a, tuple(through), "none",
+             "moving each element's part after Zip/DistR = moving the whole array before it (DistR: once)",
+             ex_through_zip, ex_through_distr),
+        Rule("tochip-hoist-from-reduce", a, (rewrite(
+            "(Reduce (Comp f (Fork (Comp (ToChip sp a) (Fst (TP a a))) (Comp (ToChip sp a) (Snd (TP a a))))) (TA a n))",
+            "(Comp (Reduce f (TA a n)) (ToChip sp (TA a n)))", a, ["(inspace f sp)"]),),
+             "the operator's output stays in that memory",
+             "a reduction whose operator moves both operands = the reduction over the moved array", ex_reduce),
+    ]
+
+
+def algorithmic_rules(tile_sizes: tuple[int, ...]) -> list[Rule]:
+    """Lift's structural rules, data-movement rules, and tiling rules for each tile size."""
+    rules = _structural() + _movement()
+    for n in sorted(set(tile_sizes)):
+        rules += _tiling(n)
+    return rules

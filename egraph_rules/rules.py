@@ -1,0 +1,156 @@
+"""Rewrite rules as egglog text, with the metadata users and tests need (level, side condition).
+
+A rule is egglog source plus an `example`: a function from a random generator to a concrete
+term that the left-hand side matches. The property tests use the example to check, with the
+reference interpreter, that every term the rule adds to the e-graph means the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from egraph_rules.ir import SCHEMA, Term
+
+LEVELS = ("dsl", "algorithmic", "hardware")
+Example = Callable[[np.random.Generator], Term]
+
+
+@dataclass(frozen=True, init=False)
+class Rule:
+    """One named rewrite (possibly several egglog commands: its variants)."""
+
+    name: str
+    level: str
+    egglog: tuple[str, ...]
+    condition: str
+    doc: str
+    examples: tuple[Example, ...] = field(default=(), compare=False)
+
+    def __init__(self, name: str, level: str, egglog: tuple[str, ...], condition: str, doc: str, *examples: Example):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "level", level)
+        object.__setattr__(self, "egglog", egglog)
+        object.__setattr__(self, "condition", condition)
+        object.__setattr__(self, "doc", doc)
+        object.__setattr__(self, "examples", examples)
+
+    def text(self) -> str:
+        return "\n".join(self.egglog)
+
+
+def chain(parts: list[str], rest: str | None) -> str:
+    """Right-nested composition text of parts, ending in `rest` when given."""
+    out = rest
+    for p in reversed(parts):
+        out = p if out is None else f"(Comp {p} {out})"
+    assert out is not None
+    return out
+
+
+def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None) -> str:
+    """An egglog rewrite in the ruleset of its level."""
+    cond = f" :when ({' '.join(when)})" if when else ""
+    return f"(rewrite {lhs} {rhs}{cond} :ruleset {level})"
+
+
+def chain_rewrites(lhs: list[str], rhs: list[str], level: str, when: list[str] | None = None) -> tuple[str, ...]:
+    """A rewrite of a composition chain, at the end of a chain and in the middle of one."""
+    return (
+        rewrite(chain(lhs, None), chain(rhs, None), level, when),
+        rewrite(chain(lhs, "rest__"), chain(rhs, "rest__"), level, when),
+    )
+
+
+# ---------------------------------------------------------------- analyses
+
+LEAF_FOUT = {
+    "Id": ("(Id t)", "t"),
+    "Fst": ("(Fst (TP a b))", "a"),
+    "Snd": ("(Snd (TP a b))", "b"),
+    "Split": ("(Split k (TA e m))", "(TA (TA e k) (/ m k))"),
+    "Join": ("(Join (TA (TA e k) m))", "(TA e (* k m))"),
+    "Transpose": ("(Transpose (TA (TA e m) n))", "(TA (TA e n) m)"),
+    "Zip": ("(Zip (TP (TA a n) (TA b n)))", "(TA (TP a b) n)"),
+    "DistR": ("(DistR (TP (TA a n) c))", "(TA (TP a c) n)"),
+    "Pad": ("(Pad l r (TA e n))", "(TA e (+ l (+ n r)))"),
+    "Slice": ("(Slice s k (TA e n))", "(TA e k)"),
+    "VVAdd": ("(VVAdd (TP t t))", "t"),
+    "VVMul": ("(VVMul (TP t t))", "t"),
+    "VVRelu": ("(VVRelu t)", "t"),
+    "VVTanh": ("(VVTanh t)", "t"),
+    "VVSigm": ("(VVSigm t)", "t"),
+    "MVMul": ("(MVMul (TP (TA (TA s k) n) v))", "(TA s n)"),
+    "MMMul": ("(MMMul (TP (TA (TA s k) n) (TA (TA s2 m) k2)))", "(TA (TA s m) n)"),
+    "ToChip": ("(ToChip sp t)", "t"),
+    "ToDram": ("(ToDram t)", "t"),
+    "ToOutput": ("(ToOutput t)", "t"),
+    "Dev": ("(Dev name t u)", "u"),
+}
+
+
+def analysis_program() -> str:
+    """egglog functions and rules giving every function its input and output type, every value
+    its type, and every function whose output sits in a named on-chip memory that memory."""
+    lines = [
+        "(constructor fout (F) Ty)",
+        "(constructor fin (F) Ty)",
+        "(constructor ty (E) Ty)",
+        "(relation isview (F))",
+        "(relation reindex (F))",
+        "(relation inspace (F String))",
+        "(ruleset analysis)",
+    ]
+
+    def rule(query: str, action: str) -> None:
+        lines.append(f"(rule ({query}) ({action}) :ruleset analysis)")
+
+    for pat, out in LEAF_FOUT.values():
+        rule(f"(= f {pat})", f"(union (fout f) {out})")
+    rule("(= f (Comp g h)) (= t (fout g))", "(union (fout f) t)")
+    rule("(= f (Fork g h)) (= a (fout g)) (= b (fout h))", "(union (fout f) (TP a b))")
+    rule("(= f (Const c t)) (= u (ty c))", "(union (fout f) u)")
+    rule("(= f (Map g n)) (= u (fout g))", "(union (fout f) (TA u n))")
+    rule("(= f (Reduce g t)) (= u (fout g))", "(union (fout f) u)")
+    rule("(= f (Linear w b t)) (= u (ty b))", "(union (fout f) u)")
+    rule("(= f (LinearNB w t)) (= (TA (TA s k) n) (ty w))", "(union (fout f) (TA s n))")
+    # input types: the first Ty argument of a leaf, derived for the combinators
+    for name, (sort, args) in SCHEMA.items():
+        if sort != "F" or name in ("Comp", "Fork", "Map"):
+            continue
+        vars_ = [f"x{i}" for i in range(len(args))]
+        first_ty = vars_[args.index("Ty")]
+        rule(f"(= f ({name} {' '.join(vars_)}))", f"(union (fin f) {first_ty})")
+    rule("(= f (Comp g h)) (= t (fin h))", "(union (fin f) t)")
+    rule("(= f (Fork g h)) (= t (fin g))", "(union (fin f) t)")
+    rule("(= f (Map g n)) (= t (fin g))", "(union (fin f) (TA t n))")
+    rule("(= e (Var s t))", "(union (ty e) t)")
+    rule("(= e (App f x)) (= t (fout f))", "(union (ty e) t)")
+    rule("(= e (Pair a b)) (= t (ty a)) (= u (ty b))", "(union (ty e) (TP t u))")
+    # views: functions that only re-index their input
+    for name in ("Split", "Join", "Transpose", "Zip", "DistR", "Slice"):
+        vars_ = " ".join(f"x{i}" for i in range(len(SCHEMA[name][1])))
+        rule(f"(= f ({name} {vars_}))", "(reindex f)")
+    rule("(= f (Map g n)) (reindex g)", "(reindex f)")
+    rule("(= f (Comp g h)) (reindex g) (reindex h)", "(reindex f)")
+    for name in ("Fst", "Snd", "Id"):
+        rule(f"(= f ({name} t))", "(isview f)")
+    rule("(reindex f)", "(isview f)")
+    rule("(= f (Map g n)) (isview g)", "(isview f)")
+    rule("(= f (Comp g h)) (isview g) (isview h)", "(isview f)")
+    # where outputs live
+    rule("(= f (ToChip sp t))", "(inspace f sp)")
+    rule("(= f (Const (App (ToChip sp t) c) u))", "(inspace f sp)")
+    rule("(= f (Comp g h)) (isview g) (inspace h sp)", "(inspace f sp)")
+    rule("(= f (Comp g h)) (inspace g sp)", "(inspace f sp)")
+    rule("(= f (Map g n)) (inspace g sp)", "(inspace f sp)")
+    rule("(= f (Reduce g t)) (inspace g sp)", "(inspace f sp)")
+    rule("(= f (Fork g h)) (inspace g sp) (inspace h sp)", "(inspace f sp)")
+    return "\n".join(lines)
+
+
+def rulesets_program() -> str:
+    """Declarations of the rulesets of the three levels."""
+    return "\n".join(f"(ruleset {level})" for level in LEVELS)

@@ -1,0 +1,159 @@
+"""The saturation driver: one e-graph, all rule levels together, under node, iteration and time
+budgets that egglog itself does not enforce; reports why it stopped."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from egglog import bindings
+
+from egraph_rules.ir import SCHEMA, Term, arg_sexpr, egglog_declarations
+from egraph_rules.rules import LEVELS, Rule, analysis_program, rulesets_program
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits on one saturation: e-nodes, iterations, seconds."""
+
+    nodes: int = 50_000
+    iterations: int = 40
+    seconds: float = 10.0
+
+
+@dataclass
+class SaturationStats:
+    """What a saturation did and why it stopped."""
+
+    enodes: int
+    eclasses: int
+    iterations: int
+    saturated: bool
+    stop_reason: str
+    seconds: float
+    matches_per_rule: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "enodes": self.enodes,
+            "eclasses": self.eclasses,
+            "iterations": self.iterations,
+            "saturated": self.saturated,
+            "stop_reason": self.stop_reason,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+class EGraphError(RuntimeError):
+    """egglog rejected a program or found an inconsistency (a rule bug)."""
+
+
+@dataclass
+class SaturatedGraph:
+    """The serialized e-graph after saturation: e-nodes of the IR sorts only (children given as
+    e-class ids), with the root e-class of every named term."""
+
+    nodes: dict[str, dict]
+    classes: dict[str, list[str]]
+    roots: dict[str, str]
+    stats: SaturationStats
+
+
+def _ir_size(sizes: list[tuple[str, int]]) -> int:
+    return sum(n for name, n in sizes if name in SCHEMA)
+
+
+class Saturator:
+    """Builds an e-graph from named terms and a rule list, and saturates it."""
+
+    def __init__(self, rules: list[Rule]):
+        self.rules = rules
+        self._rule_names = {text: r.name for r in rules for text in r.egglog}
+        self.egraph = bindings.EGraph()
+        program = "\n".join(
+            [egglog_declarations(), analysis_program(), rulesets_program()]
+            + [r.text() for r in rules if r.egglog]
+            + [f"(unstable-combined-ruleset liftsat {' '.join(LEVELS)})"]
+        )
+        self._run(program)
+
+    def _run(self, program: str) -> list:
+        try:
+            return self.egraph.run_program(*self.egraph.parse_program(program))
+        except bindings.EggSmolError as exc:
+            raise EGraphError(f"egglog: {exc}") from None
+
+    def add(self, name: str, term: Term) -> None:
+        """Add a term under a global name (its e-class is a root)."""
+        self._run(f"(let ${name} {term.sexpr})")
+
+    def size(self) -> int:
+        """IR e-nodes now in the e-graph (analysis tables excluded)."""
+        out = self._run("(print-size)")
+        return _ir_size(out[0].sizes)
+
+    def run(self, budget: Budget) -> SaturationStats:
+        """Saturate all levels together: analyses to a fixpoint, then one step of every rule,
+        until nothing changes or a budget runs out (checked before every step)."""
+        start = time.perf_counter()
+        matches: Counter[str] = Counter()
+        iterations, saturated, reason = 0, False, "saturated"
+        self._run("(run-schedule (saturate (run analysis)))")
+        while True:
+            size = self.size()
+            if size > budget.nodes:
+                reason = f"node limit ({size} > {budget.nodes})"
+                break
+            if iterations >= budget.iterations:
+                reason = f"iteration limit ({budget.iterations})"
+                break
+            if time.perf_counter() - start > budget.seconds:
+                reason = f"time limit ({budget.seconds} s)"
+                break
+            report = self._run("(run-schedule (run liftsat) (saturate (run analysis)))")[0].report
+            iterations += 1
+            for text, n in report.num_matches_per_rule.items():
+                if text in self._rule_names:
+                    matches[self._rule_names[text]] += n
+            if not report.updated:
+                saturated = True
+                break
+        return SaturationStats(self.size(), 0, iterations, saturated, reason if not saturated else "saturated",
+                               time.perf_counter() - start, dict(matches))
+
+    def serialize(self, roots: dict[str, Term], stats: SaturationStats) -> SaturatedGraph:
+        """The e-graph as plain data for extraction (IR sorts and their primitives only)."""
+        data = json.loads(self.egraph.serialize([]).to_json())
+        class_of = {nid: n["eclass"] for nid, n in data["nodes"].items()}
+        nodes = {
+            nid: {"op": n["op"], "eclass": n["eclass"], "children": [class_of[c] for c in n["children"]]}
+            for nid, n in data["nodes"].items()
+            if n["op"] in SCHEMA or nid.startswith("primitive")
+        }
+        classes: dict[str, list[str]] = {}
+        for nid, node in nodes.items():
+            classes.setdefault(node["eclass"], []).append(nid)
+        _check_types(nodes, classes)
+        index = {(n["op"], tuple(n["children"])): n["eclass"] for n in nodes.values()}
+        root_classes = {name: _class_of(term, index) for name, term in roots.items()}
+        stats.eclasses = sum(1 for ids in classes.values() if not ids[0].startswith("primitive"))
+        stats.enodes = sum(1 for nid in nodes if not nid.startswith("primitive"))
+        return SaturatedGraph(nodes, classes, root_classes, stats)
+
+
+def _class_of(term: Term, index: dict[tuple[str, tuple[str, ...]], str]) -> str:
+    kids = tuple(_class_of(a, index) if isinstance(a, Term) else index[(arg_sexpr(a), ())] for a in term.args)
+    try:
+        return index[(term.op, kids)]
+    except KeyError:
+        raise EGraphError(f"term {term.op} not found in the serialized e-graph") from None
+
+
+def _check_types(nodes: dict[str, dict], classes: dict[str, list[str]]) -> None:
+    """Every Ty e-class holds one type; two means a rule equated values of different types."""
+    for cls, ids in classes.items():
+        tys = [nodes[i] for i in ids if nodes[i]["op"] in ("TS", "TA", "TP")]
+        if len(tys) > 1:
+            raise EGraphError(f"type conflict in e-class {cls}: a rule equated terms of different types")
