@@ -36,7 +36,7 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 def _stack(items: list[Value]) -> Value:
-    if items and all(isinstance(i, np.ndarray) for i in items):
+    if items and all(isinstance(i, (np.ndarray, np.generic)) for i in items):
         return np.stack(items)
     return list(items)
 

@@ -1,0 +1,103 @@
+"""Greedy bottom-up extraction over the serialized e-graph with a target's cost model.
+
+Every e-node of sort F or E gets cost(op, constant arguments, costs of its F/E children); an
+e-class costs its cheapest e-node. Fixpoint passes make the result independent of node order;
+ties go to the smaller term, then to the node id, so extraction is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from egraph_rules.ir import SCHEMA, Term
+from egraph_rules.saturate import SaturatedGraph
+
+INF = math.inf
+
+
+class CostModel(Protocol):
+    """A target's cost model as extraction sees it."""
+
+    def node(self, op: str, args: tuple, child_costs: list[Any]) -> Any:
+        """Cost of an e-node: args holds Ty terms, ints and strings in place and None for F/E
+        children; child_costs holds the costs of the F/E children in order."""
+
+    def scalar(self, cost: Any) -> float:
+        """Predicted cycles of a cost (INF when the target cannot run it)."""
+
+
+class ExtractionError(RuntimeError):
+    """No finite-cost program exists for the root under this cost model."""
+
+
+@dataclass
+class Extracted:
+    """The cheapest term of a root e-class and its cost."""
+
+    term: Term
+    cost: Any
+    cycles: float
+
+
+class GraphView:
+    """Decodes the constant parts of a serialized e-graph (types, integers, strings)."""
+
+    def __init__(self, graph: SaturatedGraph):
+        self.graph = graph
+        self._const: dict[str, object] = {}
+
+    def const(self, cls: str) -> object:
+        """The value of a Ty, i64 or String e-class."""
+        if cls not in self._const:
+            node = self.graph.nodes[self.graph.classes[cls][0]]
+            op = node["op"]
+            if op in SCHEMA:
+                tys = [self.graph.nodes[i] for i in self.graph.classes[cls] if self.graph.nodes[i]["op"] in SCHEMA]
+                node = tys[0]
+                self._const[cls] = Term(node["op"], tuple(self.const(c) for c in node["children"]))
+            elif op.startswith('"'):
+                self._const[cls] = op[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            else:
+                self._const[cls] = int(op)
+        return self._const[cls]
+
+
+def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
+    """Cheapest term for root (a class id) under the cost model."""
+    view = GraphView(graph)
+    nodes = graph.nodes
+    work = []
+    for nid in sorted(nodes):
+        node = nodes[nid]
+        if node["op"] not in SCHEMA or SCHEMA[node["op"]][0] == "Ty":
+            continue
+        arg_sorts = SCHEMA[node["op"]][1]
+        args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
+        kids = [c for s, c in zip(arg_sorts, node["children"]) if s in ("F", "E")]
+        work.append((nid, node["op"], args, kids, node["eclass"]))
+    best: dict[str, tuple[float, int, str, Any]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for nid, op, args, kids, cls in work:
+            if any(k not in best for k in kids):
+                continue
+            cost = model.node(op, args, [best[k][3] for k in kids])
+            cand = (model.scalar(cost), 1 + sum(best[k][1] for k in kids), nid, cost)
+            if cls not in best or cand[:3] < best[cls][:3]:
+                best[cls] = cand
+                changed = True
+    if root not in best or best[root][0] == INF:
+        raise ExtractionError("no program the target can run was found for this layer")
+    return Extracted(_build(root, best, graph, view), best[root][3], best[root][0])
+
+
+def _build(cls: str, best: dict[str, tuple[float, int, str, Any]], graph: SaturatedGraph, view: GraphView) -> Term:
+    node = graph.nodes[best[cls][2]]
+    arg_sorts = SCHEMA[node["op"]][1]
+    args = tuple(
+        _build(c, best, graph, view) if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"])
+    )
+    return Term(node["op"], args)

@@ -1,0 +1,368 @@
+"""Code generation: an extracted term becomes an instruction program for a target.
+
+Values are strided views over flat memories, so re-indexing (Split, Join, Transpose, Slice and
+maps of these) costs no instruction. Map and Reduce become loops whose addresses are affine in
+the loop counters; device ops become instructions; ToChip becomes loads (in the setup block when
+it moves a constant: pinned weights), ToOutput becomes stores. The host lays out inputs and
+weights in DRAM, padded where the term pads them. Memory is allocated with capacity checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from egraph_rules.ir import Term, fout, shape_of
+from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
+from hwmodels.target import OpSpec, Target
+
+
+class CodegenError(RuntimeError):
+    """The term cannot be turned into a program for this target (layout, capacity, op)."""
+
+
+@dataclass(frozen=True)
+class Buf:
+    """A strided tensor view in a flat memory; `host` is the value term the host fills it with
+    (for DRAM data the host provides), None for data the program computes."""
+
+    space: str
+    addr: Affine
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    host: Term | None = None
+
+
+@dataclass(frozen=True)
+class PairV:
+    a: object
+    b: object
+
+
+@dataclass(frozen=True)
+class ArrP:
+    """An array of n pairs: element i is (a[i] or a, b[i] or b) as ia, ib say."""
+
+    a: object
+    b: object
+    ia: bool
+    ib: bool
+    n: int
+
+
+def _index(v: object, i: Affine) -> object:
+    if isinstance(v, Buf):
+        if not v.shape:
+            raise CodegenError("indexing a scalar")
+        return Buf(v.space, v.addr + i.scaled(v.strides[0]), v.shape[1:], v.strides[1:])
+    if isinstance(v, ArrP):
+        return PairV(_index(v.a, i) if v.ia else v.a, _index(v.b, i) if v.ib else v.b)
+    raise CodegenError(f"cannot index {type(v).__name__}")
+
+
+def _view(f: Term, v: Buf, dim: int) -> Buf:
+    """Apply a re-indexing function at dimension `dim` of a buffer view."""
+    sh, st = list(v.shape), list(v.strides)
+    op, a = f.op, f.args
+    if op == "Split":
+        k = a[0]
+        sh[dim : dim + 1] = [sh[dim] // k, k]
+        st[dim : dim + 1] = [st[dim] * k, st[dim]]
+    elif op == "Join":
+        if st[dim] != sh[dim + 1] * st[dim + 1]:
+            raise CodegenError("Join of a non-contiguous view needs a copy (not supported)")
+        sh[dim : dim + 2] = [sh[dim] * sh[dim + 1]]
+        st[dim : dim + 2] = [st[dim + 1]]
+    elif op == "Transpose":
+        sh[dim], sh[dim + 1] = sh[dim + 1], sh[dim]
+        st[dim], st[dim + 1] = st[dim + 1], st[dim]
+    elif op == "Slice":
+        addr = v.addr + a[0] * st[dim]
+        sh[dim] = a[1]
+        return Buf(v.space, addr, tuple(sh), tuple(st), _host(f, v, dim))
+    elif op == "Map":
+        return _view(a[0], v, dim + 1)
+    elif op == "Comp":
+        return _view(a[0], _view(a[1], v, dim), dim)
+    elif op == "Id":
+        return v
+    else:
+        raise CodegenError(f"{op} is not a re-indexing of one array")
+    return Buf(v.space, v.addr, tuple(sh), tuple(st), _host(f, v, dim))
+
+
+def _host(f: Term, v: Buf, dim: int) -> Term | None:
+    """The host-side value of a view of host data (tracked for views of the whole array)."""
+    return Term("App", (f, v.host)) if dim == 0 and v.host is not None else None
+
+
+def _is_view(f: Term) -> bool:
+    if f.op in ("Comp",):
+        return _is_view(f.args[0]) and _is_view(f.args[1])
+    if f.op == "Map":
+        return _is_view(f.args[0])
+    return f.op in ("Split", "Join", "Transpose", "Slice", "Id")
+
+
+class Codegen:
+    """Compiles one term for one target."""
+
+    def __init__(self, target: Target):
+        self.t = target
+        self.n = target.native_dim
+        self.ops: dict[str, OpSpec] = target.op_by_name
+        self.alloc: dict[str, int] = {"dram": 0, **{s: 0 for s in target.memories}}
+        self.host: list[HostBuffer] = []
+        self.setup: Block = []
+        self.block: Block = []
+        self.nvars = 0
+        self.data_cache: dict[Term, object] = {}
+
+    # ------------------------------------------------------------ memory
+
+    def allocate(self, space: str, shape: tuple[int, ...]) -> Buf:
+        size = math.prod(shape)
+        padded = -(-size // self.n) * self.n
+        base = self.alloc[space]
+        self.alloc[space] = base + padded
+        if space != "dram":
+            cap = self.t.memories[space].capacity // 4
+            if self.alloc[space] > cap:
+                raise CodegenError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
+                                   f"capacity {cap * 4}")
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        return Buf(space, Affine(base), tuple(shape), tuple(reversed(strides)))
+
+    def host_buffer(self, expr: Term, t: Term, what: str) -> Buf:
+        shape = shape_of(t)
+        buf = self.allocate("dram", shape)
+        self.host.append(HostBuffer(buf.addr.base, math.prod(shape), expr, what))
+        return replace(buf, host=expr)
+
+    # ------------------------------------------------------------ emission
+
+    def emit(self, ins: Instr) -> None:
+        self.block.append(ins)
+
+    def loop(self, count: int, body) -> None:
+        """Emit `body(counter)` inside a loop of `count` iterations (inline when count is 1)."""
+        if count == 1:
+            body(Affine(0))
+            return
+        var = self.nvars
+        self.nvars += 1
+        outer, self.block = self.block, []
+        body(loop_var(var))
+        lp = Loop(var, count, self.block)
+        self.block = outer
+        self.block.append(lp)
+
+    def transfer(self, kind: str, mnemonic: str, dst: Buf, src: Buf, tile: bool) -> None:
+        """Move src to dst (same logical shape) in native vectors or tiles, loops kept."""
+        n = self.n
+        unit_dims = 2 if tile else 1
+        if len(src.shape) < unit_dims or src.shape != dst.shape:
+            raise CodegenError(f"cannot move shape {src.shape} into {dst.shape} with {mnemonic}")
+        if src.strides[-1] != 1 or dst.strides[-1] != 1:
+            raise CodegenError(f"{mnemonic} needs unit-stride rows")
+        if src.shape[-1] % n or (tile and src.shape[-2] % n):
+            raise CodegenError(f"{mnemonic} moves {n}-element units; shape {src.shape} is not a multiple")
+        rows = n if tile else 1
+        nbytes = rows * n * 4
+        occ = math.ceil(nbytes / self.t.dram.bandwidth)
+        outer = list(src.shape[:-unit_dims])
+        counts = outer + ([src.shape[-2] // n] if tile else []) + [src.shape[-1] // n]
+        s_steps = list(src.strides[:-unit_dims]) + ([src.strides[-2] * n] if tile else []) + [n]
+        d_steps = list(dst.strides[:-unit_dims]) + ([dst.strides[-2] * n] if tile else []) + [n]
+        s_row = src.strides[-2] if tile else n
+        d_row = dst.strides[-2] if tile else n
+
+        def nest(level: int, s_addr: Affine, d_addr: Affine) -> None:
+            if level == len(counts):
+                self.emit(Instr(mnemonic, kind, "dma", occ, occ + self.t.dram.latency,
+                                Operand(dst.space, d_addr, rows, n, d_row), (Operand(src.space, s_addr, rows, n, s_row),)))
+                return
+            self.loop(counts[level], lambda i: nest(level + 1, s_addr + i.scaled(s_steps[level]),
+                                                     d_addr + i.scaled(d_steps[level])))
+
+        nest(0, src.addr, dst.addr)
+
+    # ------------------------------------------------------------ compilation
+
+    def result_space(self, f: Term) -> str | None:
+        op, a = f.op, f.args
+        if op == "Dev":
+            return self.ops[a[0]].op.result_space
+        if op == "ToChip":
+            return a[0]
+        if op == "Comp":
+            return self.result_space(a[1]) if _is_view(a[0]) else self.result_space(a[0])
+        if op in ("Map", "Reduce"):
+            return self.result_space(a[0])
+        return None
+
+    def data(self, e: Term) -> object:
+        """A value term (weights, inputs, constants): laid out by the host, pinned by setup."""
+        if e in self.data_cache:
+            return self.data_cache[e]
+        if e.op == "Var":
+            t = e.args[1]
+            v: object = self.host_buffer(e, t, f"{e.args[0]} {shape_of(t)}")
+        elif e.op == "Pair":
+            v = PairV(self.data(e.args[0]), self.data(e.args[1]))
+        elif e.op == "App" and e.args[0].op == "ToChip":
+            outer, self.block = self.block, self.setup
+            v = self.apply(e.args[0], self.data(e.args[1]))
+            self.block = outer
+        elif e.op == "App":
+            inner = self.data(e.args[1])
+            if isinstance(inner, Buf) and inner.space == "dram" and inner.host is not None:
+                t = fout(e.args[0])
+                v = self.host_buffer(e, t, f"{_describe(e)}")
+            else:
+                v = self.apply(e.args[0], inner)
+        else:
+            raise CodegenError(f"{e.op} is not a value")
+        self.data_cache[e] = v
+        return v
+
+    def apply(self, f: Term, v: object, dest: Buf | None = None) -> object:  # noqa: C901 - a table
+        op, a = f.op, f.args
+        if _is_view(f) and isinstance(v, Buf):
+            return _view(f, v, 0)
+        if op == "Comp":
+            return self.apply(a[0], self.apply(a[1], v), dest)
+        if op == "Fork":
+            return PairV(self.apply(a[0], v), self.apply(a[1], v))
+        if op in ("Fst", "Snd"):
+            if not isinstance(v, PairV):
+                raise CodegenError(f"{op} of a non-pair")
+            return v.a if op == "Fst" else v.b
+        if op == "Const":
+            return self.data(a[0])
+        if op == "Zip":
+            return ArrP(v.a, v.b, True, True, a[0].args[0].args[1])
+        if op == "DistR":
+            return ArrP(v.a, v.b, True, False, a[0].args[0].args[1])
+        if op == "Pad":
+            if not (isinstance(v, Buf) and v.host is not None):
+                raise CodegenError("Pad of a computed value (only host data can be padded)")
+            return self.host_buffer(Term("App", (f, v.host)), fout(f), _describe(Term("App", (f, v.host))))
+        if op == "Map":
+            return self.map(a[0], a[1], v, dest)
+        if op == "Reduce":
+            return self.reduce(a[0], a[1].args[1], v, dest)
+        if op == "Dev":
+            return self.device(f, v, dest)
+        if op == "ToChip":
+            return self.to_chip(a[0], v, dest)
+        if op in ("ToOutput", "ToDram"):
+            return self.to_dram(v)
+        raise CodegenError(f"{op} cannot run on {self.t.name}")
+
+    def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
+        if dest is None:
+            space = self.result_space(body)
+            if space is None:
+                raise CodegenError(f"cannot tell where the results of Map({body.op}) live")
+            dest = self.allocate(space, (n, *shape_of(fout(body))))
+        out = dest
+
+        def one(i: Affine) -> None:
+            got = self.apply(body, _index(v, i), _index(out, i))
+            if got != _index(out, i):
+                raise CodegenError(f"Map body {body.op} does not produce its result in place")
+
+        self.loop(n, one)
+        return out
+
+    def reduce(self, op: Term, n: int, v: object, dest: Buf | None) -> object:
+        if n == 1:
+            return _index(v, Affine(0))
+        if dest is None:
+            space = self.result_space(op)
+            if space is None:
+                raise CodegenError("cannot tell where a reduction accumulates")
+            dest = self.allocate(space, shape_of(fout(op)))
+        acc = dest
+        self.apply(op, PairV(_index(v, Affine(0)), _index(v, Affine(1))), acc)
+        if n > 2:
+            self.loop(n - 2, lambda i: self.apply(op, PairV(acc, _index(v, i + 2)), acc))
+        return acc
+
+    def operand(self, v: object, space: str, what: str) -> Operand:
+        if not isinstance(v, Buf) or v.space != space:
+            where = v.space if isinstance(v, Buf) else type(v).__name__
+            raise CodegenError(f"{what} needs its operand in {space}, it is in {where}")
+        n = self.n
+        if v.shape == (n,) and v.strides == (1,):
+            return Operand(space, v.addr, 1, n, n)
+        if v.shape == (n, n) and v.strides[1] == 1:
+            return Operand(space, v.addr, n, n, v.strides[0])
+        raise CodegenError(f"{what}: operand of shape {v.shape}, strides {v.strides} is not a native block")
+
+    def device(self, f: Term, v: object, dest: Buf | None) -> Buf:
+        spec = self.ops.get(f.args[0])
+        if spec is None:
+            raise CodegenError(f"{self.t.name} has no device op {f.args[0]}")
+        spaces = spec.op.operand_spaces
+        parts = [v] if len(spaces) == 1 else [v.a, v.b] if isinstance(v, PairV) else None
+        if parts is None:
+            raise CodegenError(f"{spec.mnemonic} takes a pair")
+        srcs = tuple(self.operand(p, s, spec.mnemonic) for p, s in zip(parts, spaces))
+        out = dest if dest is not None else self.allocate(spec.op.result_space, shape_of(f.args[2]))
+        dst = self.operand(out, spec.op.result_space, spec.mnemonic)
+        self.emit(Instr(spec.mnemonic, spec.op.meaning.op, spec.unit, spec.occupancy, spec.latency, dst, srcs))
+        return out
+
+    def to_chip(self, space: str, v: object, dest: Buf | None) -> object:
+        if isinstance(v, PairV):
+            return PairV(self.to_chip(space, v.a, None), self.to_chip(space, v.b, None))
+        if not isinstance(v, Buf):
+            raise CodegenError(f"cannot move a {type(v).__name__} to {space}")
+        if v.space == space:
+            return v
+        if v.space != "dram":
+            raise CodegenError(f"moving data from {v.space} to {space} is not supported")
+        out = dest if dest is not None else self.allocate(space, v.shape)
+        mnemonic = self.t.load_mnemonics[space]
+        self.transfer("load", mnemonic, out, v, tile=mnemonic.startswith("m"))
+        return out
+
+    def to_dram(self, v: object) -> Buf:
+        if not isinstance(v, Buf):
+            raise CodegenError(f"cannot write a {type(v).__name__} to DRAM")
+        if v.space == "dram":
+            return v
+        n = self.n
+        padded_last = -(-v.shape[-1] // n) * n
+        out = self.allocate("dram", (*v.shape[:-1], padded_last))
+        src = replace(v, shape=(*v.shape[:-1], padded_last))
+        self.transfer("store", self.t.store_mnemonic, out, src, tile=False)
+        return replace(out, shape=v.shape)
+
+
+def _describe(e: Term) -> str:
+    if e.op == "Var":
+        return e.args[0]
+    if e.op == "App":
+        f = e.args[0]
+        params = [str(x) for x in f.args if isinstance(x, int)]
+        return f"{f.op}({', '.join(params)}) of {_describe(e.args[1])}"
+    return e.op
+
+
+def generate(term: Term, target: Target) -> Program:
+    """Compile an extracted program term (App(F, input)) into a program for the target."""
+    if term.op != "App":
+        raise CodegenError("a program is a function applied to its input")
+    cg = Codegen(target)
+    out = cg.apply(term.args[0], cg.data(term.args[1]))
+    if not isinstance(out, Buf) or out.space != "dram":
+        raise CodegenError("the program does not end with its result in DRAM (ToOutput)")
+    sizes = {s: max(n, 1) for s, n in cg.alloc.items()}
+    return Program(target.name, cg.setup, cg.block, sizes, cg.host, out.addr.base, out.shape, out.strides)
+

@@ -1,0 +1,138 @@
+"""A target is data: memories, device operators with timing, peak rates, instruction syntax.
+
+The cost model here predicts cycles from that data alone: every unit (DMA, matrix unit, vector
+unit, instruction issue) accumulates busy cycles, loops multiply their bodies, and a program is
+as slow as its busiest unit (the units run decoupled). The simulator measures the real thing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from egraph_rules.hardware_rules import DeviceOp
+from egraph_rules.ir import Term, nbytes, numel
+
+INF = math.inf
+UNITS = ("dma", "mvu", "mfu", "issue")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """An on-chip memory (or DRAM): capacity in bytes, bytes moved per cycle, access latency."""
+
+    name: str
+    capacity: int
+    bandwidth: int
+    latency: int
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A device operator: its e-graph description, its mnemonic, the unit it runs on and its
+    timing (cycles the unit is busy; cycles until the result can be read)."""
+
+    op: DeviceOp
+    mnemonic: str
+    unit: str
+    occupancy: int
+    latency: int
+
+
+@dataclass(frozen=True)
+class Target:
+    """An accelerator description."""
+
+    name: str
+    clock_mhz: float
+    native_dim: int
+    dtypes: tuple[str, ...]
+    dram: Memory
+    memories: dict[str, Memory]
+    ops: tuple[OpSpec, ...]
+    peak_macs_per_cycle: int
+    load_mnemonics: dict[str, str]
+    store_mnemonic: str
+    #: weights pinned on chip are loaded once at deployment, not per inference
+    persistent_weights: bool = True
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def op_by_name(self) -> dict[str, OpSpec]:
+        return {o.op.name: o for o in self.ops}
+
+    def device_ops(self) -> list[DeviceOp]:
+        """What the hardware rules are generated from."""
+        return [o.op for o in self.ops]
+
+    def transfer_cycles(self, t: Term, unit_elems: int) -> tuple[int, int]:
+        """(DMA busy cycles, transfers) to move a value of type t in units of unit_elems."""
+        units = max(1, math.ceil(numel(t) / unit_elems))
+        per = math.ceil(nbytes(t) / units / self.dram.bandwidth)
+        return units * per, units
+
+    def cost_model(self) -> CycleCost:
+        return CycleCost(self)
+
+
+Cost = tuple[float, float, float, float]
+ZERO: Cost = (0.0, 0.0, 0.0, 0.0)
+NEVER: Cost = (INF, INF, INF, INF)
+
+
+def _add(*cs: Cost) -> Cost:
+    return tuple(sum(c[i] for c in cs) for i in range(4))  # type: ignore[return-value]
+
+
+def _scale(c: Cost, k: float) -> Cost:
+    return tuple(x * k for x in c)  # type: ignore[return-value]
+
+
+class CycleCost:
+    """The target's cycle cost model, one e-node at a time (for extraction)."""
+
+    #: re-indexing is addressing, and padding is done by the host when it lays out inputs
+    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Pad", "Var", "Pair")
+
+    def __init__(self, target: Target):
+        self.t = target
+        self.ops = target.op_by_name
+
+    def unit_elems(self, space: str) -> int:
+        """Elements one load into this memory moves (a vector, or a native tile)."""
+        n = self.t.native_dim
+        return n * n if self.t.load_mnemonics.get(space, "").startswith("m") else n
+
+    def node(self, op: str, args: tuple, kids: list[Cost]) -> Cost:  # noqa: C901 - a table
+        if op in self.FREE:
+            return _add(ZERO, *kids)
+        if op in ("Comp", "Fork", "App"):
+            return _add(*kids)
+        if op == "Map":
+            return _scale(kids[0], args[1])
+        if op == "Reduce":
+            n = args[1].args[1]
+            return _scale(kids[0], max(n - 1, 0))
+        if op == "Const":
+            return ZERO if self.scalar(kids[0]) < INF else NEVER
+        if op == "ToChip":
+            space, t = args
+            mem = self.t.memories.get(space)
+            if mem is None or nbytes(t) > mem.capacity:
+                return NEVER
+            busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
+            return (busy, 0.0, 0.0, units)
+        if op in ("ToOutput", "ToDram"):
+            busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
+            return (busy, 0.0, 0.0, units)
+        if op == "Dev":
+            spec = self.ops.get(args[0])
+            if spec is None:
+                return NEVER
+            c = [0.0, 0.0, 0.0, 1.0]
+            c[UNITS.index(spec.unit)] = spec.occupancy
+            return tuple(c)  # type: ignore[return-value]
+        return NEVER
+
+    def scalar(self, c: Cost) -> float:
+        return max(c)
