@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from egraph_rules.ir import T, Term, comp, fout, ta, tensor_type, tp, ts
-from egraph_rules.rules import Rule, chain_rewrites, rewrite
+from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite
 
 F32 = ts("f32")
+#: how many stages a loop body may run after a move for the move to be hoisted out of the loop
+HOIST_DEPTH = 3
 
 
 def _v(n: int) -> Term:
@@ -112,18 +114,18 @@ def _structural() -> list[Rule]:
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),
         Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",
              "Fork(f, g) . h = Fork(f . h, g . h)", ex_fork_dist),
-        Rule("fst-of-fork", a, (rewrite("(Comp (Fst t) (Fork f g))", "f", a),), "none",
+        Rule("fst-of-fork", a, (rewrite("(Comp (Fst t) (Fork f g))", "f", a, subsume=True),), "none",
              "Fst . Fork(f, g) = f", ex_fst),
-        Rule("snd-of-fork", a, (rewrite("(Comp (Snd t) (Fork f g))", "g", a),), "none",
+        Rule("snd-of-fork", a, (rewrite("(Comp (Snd t) (Fork f g))", "g", a, subsume=True),), "none",
              "Snd . Fork(f, g) = g", ex_snd),
-        Rule("id-left", a, (rewrite("(Comp (Id t) f)", "f", a),), "none", "Id . f = f", ex_id_left),
-        Rule("id-right", a, (rewrite("(Comp f (Id t))", "f", a),), "none", "f . Id = f", ex_id_right),
+        Rule("id-left", a, (rewrite("(Comp (Id t) f)", "f", a, subsume=True),), "none", "Id . f = f", ex_id_left),
+        Rule("id-right", a, (rewrite("(Comp f (Id t))", "f", a, subsume=True),), "none", "f . Id = f", ex_id_right),
         Rule("fork-fst-snd", a, (rewrite("(Fork (Fst t) (Snd t))", "(Id t)", a),), "none",
              "Fork(Fst, Snd) = Id", ex_fork_id),
         Rule("map-id", a, (rewrite("(Map (Id t) n)", "(Id (TA t n))", a),), "none", "Map(Id) = Id", ex_map_id),
         Rule("apply-compose", a, (rewrite("(App f (App g x))", "(App (Comp f g) x)", a),), "none",
              "f (g x) = (f . g) x: values see the identities proven for functions", ex_app_comp),
-        Rule("apply-id", a, (rewrite("(App (Id t) x)", "x", a),), "none", "Id x = x", ex_app_id),
+        Rule("apply-id", a, (rewrite("(App (Id t) x)", "x", a, subsume=True),), "none", "Id x = x", ex_app_id),
         Rule("split-join", a, chain_rewrites(["(Split k (TA e km))", "(Join (TA (TA e k) m))"], ["(Id (TA (TA e k) m))"], a),
              "none", "Split k . Join = Id on arrays of k-element rows", ex_split_join),
         Rule("join-split", a, chain_rewrites(["(Join (TA (TA e k) m))", "(Split k t)"], ["(Id t)"], a),
@@ -308,13 +310,17 @@ def _movement() -> list[Rule]:
 
     hoist = []
     for pos in ("Fst", "Snd"):
-        moved = "(Comp (ToChip sp a) (Fst (TP a b)))" if pos == "Fst" else "(Comp (ToChip sp b) (Snd (TP a b)))"
-        plain = "(Fst (TP a b))" if pos == "Fst" else "(Snd (TP a b))"
-        other = "(Snd (TP a b))" if pos == "Fst" else "(Fst (TP a b))"
-        fork_l = f"(Fork {moved} h)" if pos == "Fst" else f"(Fork h {moved})"
-        fork_r = f"(Fork {plain} h)" if pos == "Fst" else f"(Fork h {plain})"
-        only = f"(Fork {moved} {other})" if pos == "Fst" else f"(Fork {other} {moved})"
-        hoist.append(rewrite(f"(Map (Comp f {fork_l}) n)", f"(Comp (Map (Comp f {fork_r}) n) (Map {only} n))", a))
+        moved_branch = "(Comp (ToChip sp a) x)"
+        fork_l = f"(Fork {moved_branch} h)" if pos == "Fst" else f"(Fork h {moved_branch})"
+        fork_r = "(Fork x h)" if pos == "Fst" else "(Fork h x)"
+        elem_t = "a0" if pos == "Fst" else "b0"
+        move = f"(Comp (ToChip sp {elem_t}) ({pos} (TP a0 b0)))"
+        only = f"(Fork {move} (Snd (TP a0 b0)))" if pos == "Fst" else f"(Fork (Fst (TP a0 b0)) {move})"
+        for depth in range(HOIST_DEPTH + 1):
+            prefix = [f"p{i}" for i in range(depth)]
+            hoist.append(rewrite(f"(Map {chain(prefix, fork_l)} n)",
+                                 f"(Comp (Map {chain(prefix, fork_r)} n) (Map {only} n))", a,
+                                 ["(isview x)", "(= (TP a0 b0) (fin x))"]))
     through = []
     for src in ("Zip", "DistR"):
         for pos in ("Fst", "Snd"):
@@ -333,7 +339,7 @@ def _movement() -> list[Rule]:
             outer_fork = f"(Fork {outer_moved} {outer_other})" if pos == "Fst" else f"(Fork {outer_other} {outer_moved})"
             through += chain_rewrites([f"(Map {elem_fork} n)", f"({src} {arr})"], [f"({src} {arr})", outer_fork], a)
     return [
-        Rule("tochip-elide", a, (rewrite("(Comp (ToChip sp t) g)", "g", a, ["(inspace g sp)"]),),
+        Rule("tochip-elide", a, (rewrite("(Comp (ToChip sp t) g)", "g", a, ["(inspace g sp)"], subsume=True),),
              "the value is already in that memory", "ToChip . g = g when g's output already sits in that memory",
              ex_elide),
         Rule("tochip-through-view", a, (
@@ -343,8 +349,10 @@ def _movement() -> list[Rule]:
                     ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
         ), "v only re-indexes (Split, Join, Transpose, Zip, DistR, Slice, maps of these)",
              "moving a re-indexed value = re-indexing the moved value", ex_view),
-        Rule("tochip-hoist-from-map", a, tuple(hoist), "none",
-             "Map(f . Fork(ToChip . Fst, h)) = Map(f . Fork(Fst, h)) . Map(Fork(ToChip . Fst, Snd))",
+        Rule("tochip-hoist-from-map", a, tuple(hoist),
+             f"the moved branch only re-indexes the element; at most {HOIST_DEPTH} stages after the move",
+             "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)): "
+             "a move inside a loop body becomes a move of the whole array before the loop",
              ex_hoist, ex_hoist_snd),
         Rule("tochip-through-zip", a, tuple(through), "none",
              "moving each element's part after Zip/DistR = moving the whole array before it (DistR: once)",

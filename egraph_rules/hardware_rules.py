@@ -3,6 +3,7 @@ that device op", with the moves of its operands into the memories the op reads."
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +40,68 @@ def _moves(op: DeviceOp) -> str:
     return T("Fork", fa, fb).sexpr
 
 
-def hardware_rules(ops: list[DeviceOp]) -> list[Rule]:
-    """One rule per device op: its meaning is replaced by the op applied to its moved operands."""
-    rules = []
+def _generalized(t: Term, n: int) -> tuple[str, list[str]]:
+    """Pattern text for any type of the same shape rank whose array lengths are multiples of
+    n, with the element types kept, plus the divisibility conditions."""
+    conds: list[str] = []
+
+    def go(u: Term) -> str:
+        if u.op == "TA":
+            v = f"d{len(conds)}"
+            conds.append(f"(= 0 (% {v} {n}))")
+            return f"(TA {go(u.args[0])} {v})"
+        if u.op == "TP":
+            return f"(TP {go(u.args[0])} {go(u.args[1])})"
+        return u.sexpr
+
+    return go(t), conds
+
+
+def early_move_rule(op: DeviceOp, native: int) -> Rule:
+    """Where the operands of an op the device runs are produced, they may move, whole, to the
+    memories the device reads them from before the op is tiled: that is how a weight becomes
+    resident (pinned) on chip. Anchored at the Fork producing the operands, so that moving twice
+    is the same as moving once (ToChip . ToChip is elided) and saturation stays bounded."""
+    t = fin(op.meaning)
+    pat, conds = _generalized(t, native)
+    generic = f"({op.meaning.op} {pat})"
+    if t.op == "TP":
+        first, _ = _generalized(t.args[0], native)
+        second = _renumber(_generalized(t.args[1], native)[0], first.count("(TA "))
+        lhs = f"(Comp {generic} (Fork g h))"
+        rhs = (f"(Comp {generic} (Fork (Comp (ToChip \"{op.operand_spaces[0]}\" {first}) g) "
+               f"(Comp (ToChip \"{op.operand_spaces[1]}\" {second}) h)))")
+    else:
+        lhs = f"(Comp {generic} g)"
+        rhs = f"(Comp {generic} (Comp (ToChip \"{op.operand_spaces[0]}\" {pat}) g))"
+    text = f"(rewrite {lhs} {rhs} :when ({' '.join(conds)}) :ruleset hardware)"
+
+    def example(rng: np.random.Generator, t: Term = t) -> Term:
+        big = _scaled(t, int(rng.integers(1, 3)))
+        return T("Comp", T(op.meaning.op, big), T("Id", big))
+
+    return Rule(f"move-early:{op.name}", "hardware", (text,), f"every length a multiple of {native}",
+                f"{op.meaning.op} . Fork(g, h) = {op.meaning.op} . Fork(ToChip . g, ToChip . h): operands move "
+                f"to {', '.join(op.operand_spaces)} before tiling", example)
+
+
+def _renumber(text: str, offset: int) -> str:
+    """Shift the dimension variables d0, d1, ... of a sub-pattern by offset."""
+    return re.sub(r"\bd(\d+)\b", lambda m: f"d{int(m.group(1)) + offset}", text)
+
+
+def _scaled(t: Term, k: int) -> Term:
+    if t.op == "TA":
+        return T("TA", _scaled(t.args[0], k), t.args[1] * k)
+    if t.op == "TP":
+        return T("TP", _scaled(t.args[0], k), _scaled(t.args[1], k))
+    return t
+
+
+def hardware_rules(ops: list[DeviceOp], native: int) -> list[Rule]:
+    """One rule per device op: its meaning is replaced by the op applied to its moved operands;
+    and for the ops that read a matrix, moving operands before tiling."""
+    rules = [early_move_rule(op, native) for op in ops if op.meaning.op in ("MVMul", "MMMul")]
     for op in ops:
         dev = op.term.sexpr
         text = (

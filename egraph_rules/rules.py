@@ -50,10 +50,12 @@ def chain(parts: list[str], rest: str | None) -> str:
     return out
 
 
-def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None) -> str:
-    """An egglog rewrite in the ruleset of its level."""
+def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None, subsume: bool = False) -> str:
+    """An egglog rewrite in the ruleset of its level; a subsuming one hides its left-hand side
+    from further matching and from extraction (for rewrites to a canonical form)."""
     cond = f" :when ({' '.join(when)})" if when else ""
-    return f"(rewrite {lhs} {rhs}{cond} :ruleset {level})"
+    sub = " :subsume" if subsume else ""
+    return f"(rewrite {lhs} {rhs}{cond}{sub} :ruleset {level})"
 
 
 def chain_rewrites(lhs: list[str], rhs: list[str], level: str, when: list[str] | None = None) -> tuple[str, ...]:

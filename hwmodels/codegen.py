@@ -264,19 +264,30 @@ class Codegen:
         raise CodegenError(f"{op} cannot run on {self.t.name}")
 
     def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
+        """A loop; the body's re-indexing tail is applied to the whole result array instead,
+        so every iteration writes its core result in place."""
+        views: list[Term] = []
+        core = body
+        while core.op == "Comp" and _is_view(core.args[0]):
+            views.append(core.args[0])
+            core = core.args[1]
+        if views and dest is not None:
+            raise CodegenError("a Map whose body ends in re-indexing cannot write into a given destination")
         if dest is None:
-            space = self.result_space(body)
+            space = self.result_space(core)
             if space is None:
-                raise CodegenError(f"cannot tell where the results of Map({body.op}) live")
-            dest = self.allocate(space, (n, *shape_of(fout(body))))
+                raise CodegenError(f"cannot tell where the results of Map({core.op}) live")
+            dest = self.allocate(space, (n, *shape_of(fout(core))))
         out = dest
 
         def one(i: Affine) -> None:
-            got = self.apply(body, _index(v, i), _index(out, i))
+            got = self.apply(core, _index(v, i), _index(out, i))
             if got != _index(out, i):
-                raise CodegenError(f"Map body {body.op} does not produce its result in place")
+                raise CodegenError(f"Map body {core.op} does not produce its result in place")
 
         self.loop(n, one)
+        for view in reversed(views):
+            out = _view(view, out, 1)
         return out
 
     def reduce(self, op: Term, n: int, v: object, dest: Buf | None) -> object:
