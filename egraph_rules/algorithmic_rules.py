@@ -289,6 +289,12 @@ def _movement() -> list[Rule]:
         body = T("Comp", T("VVAdd", p), T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
         return T("Map", body, m)
 
+    def ex_move_twice(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        p = tp(_v(n), _v(n + 1))
+        mv = T("Map", T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)), T("Snd", p)), m)
+        return comp(mv, mv, T("Id", T("TA", p, m)))
+
     def ex_through_zip(rng):
         n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
         p = tp(_v(n), _v(n + 1))
@@ -354,6 +360,13 @@ def _movement() -> list[Rule]:
              "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)): "
              "a move inside a loop body becomes a move of the whole array before the loop",
              ex_hoist, ex_hoist_snd),
+        Rule("move-stage-idempotent", a, (
+            rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),
+            rewrite("(Comp (Map m n) (Map m n))", "(Map m n)", a, ["(ismove m)"], subsume=True),
+            rewrite("(Comp m (Comp m r))", "(Comp m r)", a, ["(ismove m)"], subsume=True),
+            rewrite("(Comp m m)", "m", a, ["(ismove m)"], subsume=True),
+        ), "m only moves a part of a pair on chip",
+             "moving twice is moving once (keeps hoisted moves from stacking up)", ex_move_twice),
         Rule("tochip-through-zip", a, tuple(through), "none",
              "moving each element's part after Zip/DistR = moving the whole array before it (DistR: once)",
              ex_through_zip, ex_through_distr),

@@ -102,6 +102,7 @@ def analysis_program() -> str:
         "(constructor ty (E) Ty)",
         "(relation isview (F))",
         "(relation reindex (F))",
+        "(relation ismove (F))",
         "(relation inspace (F String))",
         "(ruleset analysis)",
     ]
@@ -140,6 +141,9 @@ def analysis_program() -> str:
     for name in ("Fst", "Snd", "Id"):
         rule(f"(= f ({name} t))", "(isview f)")
     rule("(reindex f)", "(isview f)")
+    # stages that only move one part of a pair on chip
+    rule("(= f (Fork (Comp (ToChip sp a) (Fst t)) (Snd t)))", "(ismove f)")
+    rule("(= f (Fork (Fst t) (Comp (ToChip sp b) (Snd t))))", "(ismove f)")
     rule("(= f (Map g n)) (isview g)", "(isview f)")
     rule("(= f (Comp g h)) (isview g) (isview h)", "(isview f)")
     # where outputs live

@@ -96,6 +96,15 @@ def _host(f: Term, v: Buf, dim: int) -> Term | None:
     return Term("App", (f, v.host)) if dim == 0 and v.host is not None else None
 
 
+def _host_layout(f: Term) -> bool:
+    """Functions the host applies when it lays out constant data: re-indexing and padding."""
+    if f.op == "Comp":
+        return _host_layout(f.args[0]) and _host_layout(f.args[1])
+    if f.op == "Map":
+        return _host_layout(f.args[0])
+    return f.op in ("Split", "Join", "Transpose", "Slice", "Pad", "Id")
+
+
 def _is_view(f: Term) -> bool:
     if f.op in ("Comp",):
         return _is_view(f.args[0]) and _is_view(f.args[1])
@@ -213,17 +222,10 @@ class Codegen:
             v: object = self.host_buffer(e, t, f"{e.args[0]} {shape_of(t)}")
         elif e.op == "Pair":
             v = PairV(self.data(e.args[0]), self.data(e.args[1]))
-        elif e.op == "App" and e.args[0].op == "ToChip":
+        elif e.op == "App":
             outer, self.block = self.block, self.setup
             v = self.apply(e.args[0], self.data(e.args[1]))
             self.block = outer
-        elif e.op == "App":
-            inner = self.data(e.args[1])
-            if isinstance(inner, Buf) and inner.space == "dram" and inner.host is not None:
-                t = fout(e.args[0])
-                v = self.host_buffer(e, t, f"{_describe(e)}")
-            else:
-                v = self.apply(e.args[0], inner)
         else:
             raise CodegenError(f"{e.op} is not a value")
         self.data_cache[e] = v
@@ -233,6 +235,9 @@ class Codegen:
         op, a = f.op, f.args
         if _is_view(f) and isinstance(v, Buf):
             return _view(f, v, 0)
+        if _host_layout(f) and isinstance(v, Buf) and v.host is not None:
+            e = Term("App", (f, v.host))
+            return self.host_buffer(e, fout(f), _describe(e))
         if op == "Comp":
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Fork":
@@ -248,9 +253,7 @@ class Codegen:
         if op == "DistR":
             return ArrP(v.a, v.b, True, False, a[0].args[0].args[1])
         if op == "Pad":
-            if not (isinstance(v, Buf) and v.host is not None):
-                raise CodegenError("Pad of a computed value (only host data can be padded)")
-            return self.host_buffer(Term("App", (f, v.host)), fout(f), _describe(Term("App", (f, v.host))))
+            raise CodegenError("Pad of a computed value (only host data can be padded)")
         if op == "Map":
             return self.map(a[0], a[1], v, dest)
         if op == "Reduce":

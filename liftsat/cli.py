@@ -1,0 +1,80 @@
+"""The command line: `liftsat optimize LAYER... --input BxF --target T`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from egraph_rules.ir import IRTypeError
+from egraph_rules.saturate import Budget, EGraphError
+from extraction.greedy import ExtractionError
+from frontend.layers import LayerError, parse_shape
+from hwmodels.codegen import CodegenError
+from hwmodels.simulator import SimulationError
+from liftsat.api import optimize
+from liftsat.targets import TargetError
+
+USER_ERRORS = (LayerError, TargetError, IRTypeError, ExtractionError, CodegenError, SimulationError, EGraphError)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        print(f"liftsat: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="liftsat", description="Map deep-learning layers onto accelerators by equality saturation.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    o = sub.add_parser("optimize", help="compile layers for a target, simulate, report")
+    o.add_argument("layers", nargs="+", help='PyTorch-style layers applied in order, e.g. "Linear(1024, 1000)" "ReLU()"')
+    o.add_argument("--input", required=True, help="input shape BxF (batch x features), e.g. 1x1024")
+    o.add_argument("--target", default="brainwave", help="target name (default brainwave)")
+    o.add_argument("--native-dim", type=int, help="native dimension of the target (brainwave: 128, 64 or 32)")
+    o.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
+    o.add_argument("--max-nodes", type=int, default=Budget.nodes, help="e-node budget of saturation")
+    o.add_argument("--max-iterations", type=int, default=Budget.iterations, help="iteration budget")
+    o.add_argument("--max-seconds", type=float, default=Budget.seconds, help="time budget of saturation")
+    out = o.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--listing", action="store_true", help="print the program in the target's assembly syntax")
+    return p
+
+
+def _summary(r) -> str:
+    e = r.egraph
+    stop = "saturated" if e.saturated else f"stopped: {e.stop_reason}; best program found so far"
+    ops = ", ".join(f"{k} x{v}" for k, v in r.ops.items())
+    return "\n".join([
+        f"{' -> '.join(r.layers)} on {r.target}: input {'x'.join(map(str, r.input_shape))} -> "
+        f"output {'x'.join(map(str, r.output_shape))}",
+        f"  cycles        {r.cycles} simulated, {r.predicted_cycles:.0f} predicted, {r.roofline_cycles:.0f} roofline "
+        f"(efficiency {r.efficiency:.2f}); setup {r.setup_cycles}",
+        f"  accuracy      max abs error {r.max_abs_error:.2e}, max rel error {r.max_rel_error:.2e} vs numpy",
+        f"  e-graph       {e.enodes} e-nodes, {e.eclasses} e-classes, {e.iterations} iterations, {stop}, "
+        f"{e.seconds:.2f} s; extraction {r.extract_seconds:.2f} s",
+        f"  program       {r.instructions} instructions, {r.dynamic_instructions} executed: {ops}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        shape = parse_shape(args.input)
+        budget = Budget(nodes=args.max_nodes, iterations=args.max_iterations, seconds=args.max_seconds)
+        result = optimize(args.layers, shape, args.target, seed=args.seed, native_dim=args.native_dim, budget=budget)
+    except USER_ERRORS as exc:
+        print(f"liftsat: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    elif args.listing:
+        print(result.listing)
+    else:
+        print(_summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
