@@ -82,10 +82,6 @@ def _structural() -> list[Rule]:
     def ex_app_id(rng):
         return T("App", T("Id", _v(3)), _var("x", _v(3)))
 
-    def ex_map_fusion(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("Map", T("VVRelu", _v(n)), m), T("Map", T("VVTanh", _v(n)), m))
-
     def ex_fold(rng):
         n, k = _pick(rng, 1, 4), _pick(rng, 1, 3)
         return T("Comp", T("Split", k, _v(n * k)), T("Const", _var("W", _v(n * k)), _v(2)))
@@ -101,12 +97,6 @@ def _structural() -> list[Rule]:
     def ex_fold_chip(rng):
         n = _pick(rng, 1, 5)
         return T("Comp", T("ToChip", "mem", _v(n)), T("Const", _var("W", _v(n)), _v(2)))
-
-    def ex_zip_map(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        x = T("Id", tp(T("TA", _v(n), m), T("TA", _v(n), m)))
-        g = comp(T("Map", T("VVRelu", _v(n)), m), T("Fst", fout(x)))
-        return comp(T("Zip", tp(T("TA", _v(n), m), T("TA", _v(n), m))), T("Fork", g, T("Snd", fout(x))))
 
     a = "algorithmic"
     return [
@@ -130,15 +120,6 @@ def _structural() -> list[Rule]:
              "none", "Split k . Join = Id on arrays of k-element rows", ex_split_join),
         Rule("join-split", a, chain_rewrites(["(Join (TA (TA e k) m))", "(Split k t)"], ["(Id t)"], a),
              "none", "Join . Split k = Id", ex_join_split),
-        Rule("map-fusion", a, chain_rewrites(["(Map f n)", "(Map g n)"], ["(Map (Comp f g) n)"], a),
-             "none", "Map f . Map g = Map (f . g)", ex_map_fusion),
-        Rule("zip-map-first", a,
-             chain_rewrites(
-                 ["(Zip (TP (TA a n) (TA b n)))", "(Fork (Comp (Map f n) g) h)"],
-                 ["(Map (Fork (Comp f (Fst (TP a2 b))) (Snd (TP a2 b))) n)", "(Zip (TP (TA a2 n) (TA b n)))", "(Fork g h)"],
-                 a, ["(= a2 (fin f))"]),
-             "none", "Zip . Fork(Map f . g, h) = Map(Fork(f . Fst, Snd)) . Zip . Fork(g, h): a map moves through a zip",
-             ex_zip_map),
         Rule("fold-view-into-const", a, (rewrite("(Comp f (Const c t))", "(Const (App f c) t)", a, ["(isview f)"]),),
              "f only re-indexes", "view . Const c = Const (view c): re-indexing a constant is a constant", ex_fold),
         Rule("fold-pad-into-const", a,
