@@ -58,7 +58,7 @@ def run(in_features: int, out_features: int, batch: int) -> dict:
         "iterations": e.iterations, "stop_reason": e.stop_reason, "saturation_s": e.seconds,
         "extraction_s": r.extract_seconds, "optimize_s": total, "predicted_cycles": r.predicted_cycles,
         "cycles": r.cycles, "roofline_cycles": r.roofline_cycles, "efficiency": r.efficiency,
-        "max_rel_error": r.max_rel_error, "weights": "pinned" if r.setup_cycles > 0 else "streamed",
+        "max_rel_error": r.max_rel_error, "weights": r.weights["W0"],
         "setup_cycles": r.setup_cycles, "ops": r.ops,
     }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, comp, fout, ta, tensor_type, tp, ts
+from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite
 
 F32 = ts("f32")

@@ -44,6 +44,18 @@ def roofline_cycles(model: Model, target: Target) -> float:
     return max(model.macs / target.peak_macs_per_cycle, min_bytes / target.dram.bandwidth)
 
 
+def weight_residency(term: Term, weights: list[str]) -> dict[str, str]:
+    """For each weight: 'pinned' when the program moves it on chip once, as a constant (loaded
+    at setup), 'streamed' when it is read from DRAM per inference."""
+    pinned: set[str] = set()
+    for node in term.walk():
+        if node.op == "Const":
+            moved = any(n.op == "ToChip" for n in node.args[0].walk())
+            if moved:
+                pinned |= {n.args[0] for n in node.args[0].walk() if n.op == "Var"}
+    return {w: "pinned" if w in pinned else "streamed" for w in weights}
+
+
 @dataclass
 class Result:
     """Everything one optimization produced and measured."""
@@ -64,6 +76,7 @@ class Result:
     instructions: int
     dynamic_instructions: int
     ops: dict[str, int]
+    weights: dict[str, str]
     term: Term
     program: Program
     output: np.ndarray = field(repr=False)
@@ -92,6 +105,7 @@ class Result:
             "instructions": self.instructions,
             "dynamic_instructions": self.dynamic_instructions,
             "ops": self.ops,
+            "weights": self.weights,
         }
 
 
@@ -123,5 +137,6 @@ def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target
         predicted_cycles=best.cycles, roofline_cycles=roof, efficiency=roof / run.cycles,
         max_abs_error=float(err.max()), max_rel_error=float(err.max() / scale), egraph=stats,
         extract_seconds=extract_seconds, instructions=program.static_count(),
-        dynamic_instructions=program.dynamic_count(), ops=program.histogram(), term=best.term,
+        dynamic_instructions=program.dynamic_count(), ops=program.histogram(),
+        weights=weight_residency(best.term, model.weights), term=best.term,
         program=program, output=out, reference=model.reference)

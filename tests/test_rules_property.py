@@ -10,6 +10,8 @@ with the example's value on the same random inputs.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -29,7 +31,7 @@ RULES = rules_for([TARGET])
 RULES_BY_NAME = {r.name: r for r in RULES}
 MEANINGS = {op.name: op.meaning for op in TARGET.device_ops()}
 BUDGET = Budget(nodes=5000, iterations=3, seconds=10)
-PROPERTY = settings(max_examples=int(__import__("os").environ.get("N_EX", 8)), deadline=None)
+PROPERTY = settings(max_examples=int(os.environ.get("LIFTSAT_RULE_EXAMPLES", 8)), deadline=None)
 F32 = ts("f32")
 
 
@@ -117,6 +119,7 @@ def check_rule_example(rule: Rule, example: Term, seed: int) -> None:
     expected = interp.value(value_term)
     for c in candidates:
         term = T("App", c, value_term.args[1]) if example.sort == "F" else c
+        assert ty(term) == ty(value_term), f"rule {rule.name} added an ill-typed or retyped term {c}"
         got = interp.value(term)
         assert same_value(got, expected), (
             f"rule {rule.name}: {c}\n  differs from the example {example}\n  got {got}\n  expected {expected}")
@@ -179,10 +182,31 @@ def _mvmul_of_fork(rng):
     return comp(T("MVMul", t), T("Fork", T("Fst", t), T("Snd", t)))
 
 
+def _hoist_at_depth(depth: int, pos: str):
+    """Map(p1 . ... . p_depth . Fork(ToChip . view . Fst, Snd)) (or the moved branch second):
+    the hoisting rule's variants for 0 to HOIST_DEPTH stages after the move."""
+
+    def make(rng):
+        k, rows, m = int(rng.integers(1, 3)), int(rng.integers(1, 3)), int(rng.integers(1, 4))
+        n = k * rows
+        p = tp(V(n), V(n))
+        pick = T(pos, p)
+        view = comp(T("Split", k, V(n)), pick)                    # x: re-indexes the element
+        moved = comp(T("ToChip", "mem", ta(V(k), rows)), view)
+        other = comp(T("Split", k, V(n)), T("Snd" if pos == "Fst" else "Fst", p))
+        fork = T("Fork", moved, other) if pos == "Fst" else T("Fork", other, moved)
+        pm = tp(ta(V(k), rows), ta(V(k), rows))
+        stages = [T("Join", ta(V(k), rows)), T("Map", T("VVAdd", tp(V(k), V(k))), rows), T("Zip", pm)]
+        return T("Map", comp(*stages[3 - depth:], fork) if depth else fork, m)
+
+    return make
+
+
 EXTRA_EXAMPLES = {
-    "tochip-hoist-from-reduce": _reduce_moving_both_operands,
-    f"slice-through-binary/{NATIVE}": _slice_of_computed_operand,
-    "move-early:bw.mv_mul": _mvmul_of_fork,
+    "tochip-hoist-from-reduce": [_reduce_moving_both_operands],
+    f"slice-through-binary/{NATIVE}": [_slice_of_computed_operand],
+    "move-early:bw.mv_mul": [_mvmul_of_fork],
+    "tochip-hoist-from-map": [_hoist_at_depth(d, pos) for d in range(4) for pos in ("Fst", "Snd")],
 }
 
 
@@ -190,8 +214,31 @@ EXTRA_EXAMPLES = {
 @settings(max_examples=4, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_rule_preserves_meaning_on_extra_examples(name, seed):
-    example = EXTRA_EXAMPLES[name](np.random.default_rng(seed))
-    check_rule_example(RULES_BY_NAME[name], example, seed)
+    for i, make in enumerate(EXTRA_EXAMPLES[name]):
+        example = make(np.random.default_rng([seed, i]))
+        check_rule_example(RULES_BY_NAME[name], example, seed)
+
+
+#: rules with a variant for the middle of a composition chain, Comp(A, Comp(B, rest))
+CHAIN_RULES = sorted(r.name for r in RULES if "rest__" in r.text()) + ["tochip-through-view"]
+
+
+def test_chain_rules_are_found():
+    assert {"split-join", "join-split", "tochip-through-zip"} <= set(CHAIN_RULES)
+
+
+@pytest.mark.parametrize("name", CHAIN_RULES)
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_rule_preserves_meaning_in_the_middle_of_a_chain(name, seed):
+    """The example Comp(A, B) becomes Comp(A, Comp(B, Id)): only the mid-chain variant matches.
+    (The extra examples stand in for a rule's own where those do not match it at all.)"""
+    rule = RULES_BY_NAME[name]
+    for i, make in enumerate(EXTRA_EXAMPLES.get(name, rule.examples)):
+        example = make(np.random.default_rng([seed, i]))
+        assert example.op == "Comp", f"{name}: example {example} is not a composition"
+        a, b = example.args
+        check_rule_example(rule, T("Comp", a, T("Comp", b, T("Id", fin(b)))), seed)
 
 
 # ---------------------------------------------------------------- the checker itself
