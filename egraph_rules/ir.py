@@ -65,11 +65,7 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "Dev": ("F", ("String", "Ty", "Ty")),
 }
 
-SORTS = ("Ty", "E", "F")
 ELEMENTWISE_UNARY = ("VVRelu", "VVTanh", "VVSigm")
-ELEMENTWISE_BINARY = ("VVAdd", "VVMul")
-#: functions that only re-index their input (no arithmetic, no data movement)
-VIEWS = ("Split", "Join", "Transpose", "Zip", "DistR", "Fst", "Snd", "Pad", "Slice")
 
 
 class IRTypeError(ValueError):
@@ -170,13 +166,6 @@ def shape_of(t: Term) -> tuple[int, ...]:
     if t.op != "TS":
         raise IRTypeError(f"{t} is not a tensor of scalars")
     return tuple(dims)
-
-
-def dtype_of(t: Term) -> str:
-    """Element type of a tensor type (the first one met for pairs)."""
-    while t.op != "TS":
-        t = t.args[0]
-    return t.args[0]
 
 
 def numel(t: Term) -> int:

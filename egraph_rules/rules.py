@@ -38,7 +38,8 @@ class Rule:
         object.__setattr__(self, "examples", examples)
 
     def text(self) -> str:
-        return "\n".join(self.egglog)
+        """The egglog commands, each named `rule-name#i` so that run reports count by rule."""
+        return "\n".join(t[:-1] + f' :name "{self.name}#{i}")' for i, t in enumerate(self.egglog))
 
 
 def chain(parts: list[str], rest: str | None) -> str:

@@ -70,7 +70,6 @@ class Saturator:
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
-        self._rule_names = {text: r.name for r in rules for text in r.egglog}
         self.egraph = bindings.EGraph()
         program = "\n".join(
             [egglog_declarations(), analysis_program(), rulesets_program()]
@@ -114,9 +113,9 @@ class Saturator:
                 break
             report = self._run("(run-schedule (run liftsat) (saturate (run analysis)))")[0].report
             iterations += 1
-            for text, n in report.num_matches_per_rule.items():
-                if text in self._rule_names:
-                    matches[self._rule_names[text]] += n
+            for name, n in report.num_matches_per_rule.items():
+                if "#" in name:
+                    matches[name.split("#")[0]] += n
             if not report.updated:
                 saturated = True
                 break

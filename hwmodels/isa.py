@@ -3,7 +3,6 @@ enclosing loop counters, loops kept as loops, and a listing in the target's synt
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 
@@ -158,8 +157,3 @@ def _hist(block: Block, mult: int, hist: dict[str, int]) -> None:
             _hist(i.body, mult * i.count, hist)
         else:
             hist[i.mnemonic] = hist.get(i.mnemonic, 0) + mult
-
-
-def counters_of(loops: list[Loop]) -> itertools.product:
-    """Every assignment of the given loops' counters, outermost first."""
-    return itertools.product(*(range(lp.count) for lp in loops))
