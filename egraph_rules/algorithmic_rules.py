@@ -169,7 +169,7 @@ def _tiling(n_: int) -> list[Rule]:
     def ex_slice_binary(rng):
         n2 = N * _pick(rng, 1, 3)
         n = _pick(rng, 1, n2 - 1) if n2 > 1 else 1
-        g = T("Slice", 0, n, _v(n2))
+        g = T("Comp", T("Slice", 0, n, _v(n2)), T("VVRelu", _v(n2)))
         h = T("Comp", T("Slice", 0, n, _v(n2)), T("VVTanh", _v(n2)))
         return T("Comp", T("VVAdd", tp(_v(n), _v(n))), T("Fork", g, h))
 
@@ -291,8 +291,9 @@ def _movement() -> list[Rule]:
     def ex_reduce(rng):
         n, m = _pick(rng, 1, 4), _pick(rng, 2, 4)
         p = tp(_v(n), _v(n))
-        op = T("Comp", T("VVAdd", p), T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)),
-                                         T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
+        add_on_chip = T("Comp", T("ToChip", "mem", _v(n)), T("VVAdd", p))
+        op = T("Comp", add_on_chip, T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)),
+                                          T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
         return T("Reduce", op, T("TA", _v(n), m))
 
     hoist = []

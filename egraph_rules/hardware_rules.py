@@ -78,7 +78,8 @@ def early_move_rule(op: DeviceOp, native: int) -> Rule:
 
     def example(rng: np.random.Generator, t: Term = t) -> Term:
         big = _scaled(t, int(rng.integers(1, 3)))
-        return T("Comp", T(op.meaning.op, big), T("Id", big))
+        operands = T("Fork", T("Fst", big), T("Snd", big)) if big.op == "TP" else T("Id", big)
+        return T("Comp", T(op.meaning.op, big), operands)
 
     return Rule(f"move-early:{op.name}", "hardware", (text,), f"every length a multiple of {native}",
                 f"{op.meaning.op} . Fork(g, h) = {op.meaning.op} . Fork(ToChip . g, ToChip . h): operands move "

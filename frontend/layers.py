@@ -123,6 +123,16 @@ class Model:
     weights: list[str] = field(default_factory=list)
 
 
+#: the largest tensor (elements) the functional simulation will hold
+MAX_ELEMENTS = 1 << 28
+
+
+def _check_size(what: str, *dims: int) -> None:
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise LayerError(f"{what} of {' x '.join(map(str, dims))} elements is larger than the "
+                         f"{MAX_ELEMENTS} elements liftsat simulates")
+
+
 def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32") -> Model:
     """Build the program term App(ToOutput . layers, x); batch 1 is a vector program, larger
     batches map the per-row layer stack over the rows."""
@@ -130,7 +140,10 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
         raise LayerError("no layers given")
     if len(input_shape) != 2:
         raise LayerError(f"input shape {input_shape} must be (batch, features)")
+    if not isinstance(seed, int) or seed < 0:
+        raise LayerError(f"seed must be a non-negative integer, got {seed!r}")
     batch, feats = input_shape
+    _check_size("the input", batch, feats)
     rng = np.random.default_rng(seed)
     s = ts(dtype)
     env: dict[str, np.ndarray] = {}
@@ -146,6 +159,8 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
                 raise LayerError(f"layer {i + 1} {spec}: expects {p['in_features']} input features, "
                                  f"but receives {width}")
             out = p["out_features"]
+            _check_size(f"layer {i + 1} {spec}: the weight", out, width)
+            _check_size(f"layer {i + 1} {spec}: the output", batch, out)
             bound = 1 / math.sqrt(width)
             w = rng.uniform(-bound, bound, (out, width)).astype(np.float32)
             wname = f"W{i}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from egraph_rules.ir import Term, fout, shape_of
+from egraph_rules.ir import Term, fout, shape_of, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.target import OpSpec, Target
 
@@ -23,14 +23,16 @@ class CodegenError(RuntimeError):
 
 @dataclass(frozen=True)
 class Buf:
-    """A strided tensor view in a flat memory; `host` is the value term the host fills it with
-    (for DRAM data the host provides), None for data the program computes."""
+    """A strided tensor view in a flat memory. For data the host provides, `host` is the value
+    term of the whole host array and `hidx` the loop indices taken into it: this view is
+    host[hidx...]. Both are None/() for data the program computes."""
 
     space: str
     addr: Affine
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     host: Term | None = None
+    hidx: tuple[Affine, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ def _index(v: object, i: Affine) -> object:
     if isinstance(v, Buf):
         if not v.shape:
             raise CodegenError("indexing a scalar")
-        return Buf(v.space, v.addr + i.scaled(v.strides[0]), v.shape[1:], v.strides[1:])
+        host, hidx = (v.host, (*v.hidx, i)) if v.host is not None else (None, ())
+        return Buf(v.space, v.addr + i.scaled(v.strides[0]), v.shape[1:], v.strides[1:], host, hidx)
     if isinstance(v, ArrP):
         return PairV(_index(v.a, i) if v.ia else v.a, _index(v.b, i) if v.ib else v.b)
     raise CodegenError(f"cannot index {type(v).__name__}")
@@ -79,7 +82,7 @@ def _view(f: Term, v: Buf, dim: int) -> Buf:
     elif op == "Slice":
         addr = v.addr + a[0] * st[dim]
         sh[dim] = a[1]
-        return Buf(v.space, addr, tuple(sh), tuple(st), _host(f, v, dim))
+        return Buf(v.space, addr, tuple(sh), tuple(st), *_host(f, v, dim))
     elif op == "Map":
         return _view(a[0], v, dim + 1)
     elif op == "Comp":
@@ -88,12 +91,21 @@ def _view(f: Term, v: Buf, dim: int) -> Buf:
         return v
     else:
         raise CodegenError(f"{op} is not a re-indexing of one array")
-    return Buf(v.space, v.addr, tuple(sh), tuple(st), _host(f, v, dim))
+    return Buf(v.space, v.addr, tuple(sh), tuple(st), *_host(f, v, dim))
 
 
-def _host(f: Term, v: Buf, dim: int) -> Term | None:
-    """The host-side value of a view of host data (tracked for views of the whole array)."""
-    return Term("App", (f, v.host)) if dim == 0 and v.host is not None else None
+def _lifted(f: Term, t: Term, depth: int) -> Term:
+    """f applied `depth` array levels inside a value of type t (Map around it per level)."""
+    if depth == 0:
+        return f
+    return Term("Map", (_lifted(f, t.args[0], depth - 1), t.args[1]))
+
+
+def _host(f: Term, v: Buf, dim: int) -> tuple[Term | None, tuple[Affine, ...]]:
+    """The host-side whole-array value of a view of host data, and the indices into it."""
+    if v.host is None:
+        return None, ()
+    return Term("App", (_lifted(f, ty(v.host), len(v.hidx) + dim), v.host)), v.hidx
 
 
 def _host_layout(f: Term) -> bool:
@@ -236,8 +248,11 @@ class Codegen:
         if _is_view(f) and isinstance(v, Buf):
             return _view(f, v, 0)
         if _host_layout(f) and isinstance(v, Buf) and v.host is not None:
-            e = Term("App", (f, v.host))
-            return self.host_buffer(e, fout(f), _describe(e))
+            e = Term("App", (_lifted(f, ty(v.host), len(v.hidx)), v.host))
+            out: object = self.host_buffer(e, ty(e), _describe(e))
+            for i in v.hidx:
+                out = _index(out, i)
+            return out
         if op == "Comp":
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Fork":

@@ -89,12 +89,8 @@ def node_terms(graph: SaturatedGraph, cls: str) -> list[Term]:
 def saturate_one(rule: Rule, example: Term) -> tuple[SaturatedGraph, str, Term]:
     """Saturate the example under only this rule; return the graph, the class of the example
     term and the value term (the example, applied to an input when it is a function)."""
-    if example.sort == "F":
-        value_term = T("App", example, T("Var", "in", fin(example)))
-        roots = {"root": value_term, "example": example}
-    else:
-        value_term = example
-        roots = {"root": value_term, "example": example}
+    value_term = T("App", example, T("Var", "in", fin(example))) if example.sort == "F" else example
+    roots = {"root": value_term, "example": example}
     ty(value_term)  # the example itself must be well typed
     sat = Saturator([rule])
     sat.add("root", value_term)

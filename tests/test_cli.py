@@ -1,0 +1,176 @@
+"""The command line: summary, --json, --listing, and one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from liftsat.cli import main
+
+SMALL = ["optimize", "Linear(64, 32)", "ReLU()", "--input", "1x64", "--native-dim", "32"]
+
+
+def cli(argv, capsys):
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors exit
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def json_run():
+    """One --json run shared by the tests that read it (capsys is function-scoped)."""
+    proc = subprocess.run([sys.executable, "-m", "liftsat.cli", *SMALL, "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_summary(capsys):
+    code, out, err = cli(SMALL, capsys)
+    assert code == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert lines[0] == "Linear(64, 32) -> ReLU() on brainwave32: input 1x64 -> output 1x32"
+    assert "simulated" in out and "predicted" in out and "roofline" in out and "efficiency" in out
+    assert "max rel error" in out and "e-graph" in out and "saturated" in out
+    assert "mv_mul x2" in out
+
+
+def test_summary_says_when_a_budget_stopped_saturation(capsys):
+    code, out, _ = cli(["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32", "--max-iterations",
+                        "5"], capsys)
+    assert code == 0
+    assert "stopped: iteration limit (5); best program found so far" in out
+
+
+def test_json_keys(json_run):
+    expected = {"target", "layers", "input_shape", "output_shape", "cycles", "predicted_cycles", "roofline_cycles",
+                "efficiency", "max_abs_error", "max_rel_error", "egraph", "extract_seconds", "instructions",
+                "dynamic_instructions", "ops"}
+    assert expected <= set(json_run)
+    assert {"setup_cycles", "weights"} <= set(json_run)  # documented in the README
+    assert set(json_run["egraph"]) == {"enodes", "eclasses", "iterations", "saturated", "stop_reason", "seconds"}
+
+
+def test_json_values(json_run):
+    assert json_run["target"] == "brainwave32"
+    assert json_run["layers"] == ["Linear(64, 32)", "ReLU()"]
+    assert json_run["input_shape"] == [1, 64] and json_run["output_shape"] == [1, 32]
+    assert json_run["max_rel_error"] <= 1e-4
+    assert 0 < json_run["efficiency"] <= 1.5
+    assert json_run["ops"]["mv_mul"] == 2
+    assert json_run["dynamic_instructions"] == sum(json_run["ops"].values())
+    assert isinstance(json_run["egraph"]["saturated"], bool)
+    assert json_run["weights"] == {"W0": "pinned", "b0": "pinned"}
+
+
+def test_json_in_process_matches(capsys, json_run):
+    code, out, _ = cli([*SMALL, "--json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    for key in ("cycles", "predicted_cycles", "ops", "instructions", "output_shape"):
+        assert d[key] == json_run[key]
+
+
+def test_listing(capsys):
+    code, out, err = cli([*SMALL, "--listing"], capsys)
+    assert code == 0 and err == ""
+    assert out.startswith("; liftsat program for brainwave32")
+    assert "main:" in out and "mv_mul" in out and "32x32" in out and "v_relu" in out
+    assert "; output: dram[" in out
+
+
+def test_seed_is_used(capsys):
+    _, a, _ = cli([*SMALL, "--json", "--seed", "1"], capsys)
+    _, b, _ = cli([*SMALL, "--json", "--seed", "2"], capsys)
+    da, db = json.loads(a), json.loads(b)
+    assert da["cycles"] == db["cycles"]
+    assert da["max_abs_error"] != db["max_abs_error"] or da["max_rel_error"] != db["max_rel_error"]
+
+
+BAD = {
+    "unknown layer": ["optimize", "Conv2d(3, 4)", "--input", "1x8"],
+    "wrong argument count": ["optimize", "Linear(8)", "--input", "1x8"],
+    "too many arguments": ["optimize", "Linear(8, 4, True, 1)", "--input", "1x8"],
+    "zero size": ["optimize", "Linear(8, 0)", "--input", "1x8"],
+    "negative size": ["optimize", "Linear(-8, 4)", "--input", "1x8"],
+    "code as argument": ["optimize", "Linear(__import__('os'), 3)", "--input", "1x8"],
+    "not a call": ["optimize", "Linear", "--input", "1x8"],
+    "syntax error": ["optimize", "Linear(8, 4", "--input", "1x8"],
+    "mismatched input": ["optimize", "Linear(16, 4)", "--input", "1x8"],
+    "mismatched second layer": ["optimize", "Linear(8, 4)", "Linear(8, 2)", "--input", "1x8"],
+    "unknown target": ["optimize", "Linear(8, 4)", "--input", "1x8", "--target", "tpu"],
+    "malformed shape": ["optimize", "Linear(8, 4)", "--input", "1by8"],
+    "one-dimensional shape": ["optimize", "Linear(8, 4)", "--input", "8"],
+    "zero batch": ["optimize", "Linear(8, 4)", "--input", "0x8"],
+    "zero native dim": ["optimize", "Linear(8, 4)", "--input", "1x8", "--native-dim", "0"],
+    "negative native dim": ["optimize", "Linear(8, 4)", "--input", "1x8", "--native-dim", "-4"],
+    "non-integer native dim": ["optimize", "Linear(8, 4)", "--input", "1x8", "--native-dim", "abc"],
+    "missing input": ["optimize", "Linear(8, 4)"],
+    "missing layers": ["optimize", "--input", "1x8"],
+    "missing command": [],
+    "unknown command": ["compile", "Linear(8, 4)", "--input", "1x8"],
+    "unknown option": ["optimize", "Linear(8, 4)", "--input", "1x8", "--fast"],
+    "json and listing": ["optimize", "Linear(8, 4)", "--input", "1x8", "--json", "--listing"],
+    "no program within budget": ["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32",
+                                 "--max-iterations", "0"],
+}
+
+
+def _assert_one_line_error(code, out, err):
+    assert code == 2
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("liftsat: error: ")
+    assert len(lines[0]) > len("liftsat: error: ")
+
+
+@pytest.mark.parametrize("argv", BAD.values(), ids=BAD.keys())
+def test_bad_input_is_one_line_and_exit_2(argv, capsys):
+    _assert_one_line_error(*cli(argv, capsys))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (BAD["unknown layer"], "Conv2d"),
+    (BAD["zero size"], "out_features"),
+    (BAD["mismatched input"], "16"),
+    (BAD["unknown target"], "tpu"),
+    (BAD["malformed shape"], "1by8"),
+])
+def test_error_names_the_problem(argv, words, capsys):
+    _, _, err = cli(argv, capsys)
+    assert words in err
+
+
+BAD_BUT_CRASHING = {
+    # BUG: these escape the CLI's error handling and print a traceback (exit 1)
+    "negative seed": ["optimize", "Linear(8, 4)", "--input", "1x8", "--seed", "-1"],
+    "absurd batch": ["optimize", "Linear(8, 4)", "--input", "100000000000x8"],
+    "absurd layer": ["optimize", "Linear(10000000000000, 2)", "--input", "1x10000000000000"],
+}
+
+
+@pytest.mark.parametrize("argv", BAD_BUT_CRASHING.values(), ids=BAD_BUT_CRASHING.keys())
+def test_unusable_numbers_are_one_line_errors(argv, capsys):
+    try:
+        result = cli(argv, capsys)
+    except Exception as exc:  # noqa: BLE001 - the CLI must not let any exception out
+        pytest.fail(f"main() raised {type(exc).__name__}: {exc}")
+    _assert_one_line_error(*result)
+
+
+def test_console_error_exit_status():
+    """Through the module entry point: the status really is 2 and stderr one line."""
+    proc = subprocess.run([sys.executable, "-m", "liftsat.cli", "optimize", "Linear(16, 4)", "--input", "1x8"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("liftsat: error: ")

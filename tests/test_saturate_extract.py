@@ -1,0 +1,125 @@
+"""The saturation driver (budgets, stop reasons, match counts, type-conflict check) and greedy
+extraction (cheapest term under a cost model, deterministic, error when nothing can run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
+from egraph_rules.rules import Rule
+from egraph_rules.saturate import Budget, EGraphError, Saturator
+from extraction.greedy import ExtractionError, extract_greedy
+from hwmodels.brainwave import brainwave
+from liftsat.api import rules_for
+
+N = 4
+TARGET = brainwave(N)
+F32 = ts("f32")
+
+
+def V(n: int) -> Term:
+    return ta(F32, n)
+
+
+def relu_term(n: int) -> Term:
+    return T("App", comp(T("ToOutput", V(n)), T("VVRelu", V(n))), T("Var", "x", V(n)))
+
+
+def saturated(term: Term, rules=None, budget=Budget()):
+    sat = Saturator(rules_for([TARGET]) if rules is None else rules)
+    sat.add("root", term)
+    stats = sat.run(budget)
+    return sat.serialize({"root": term}, stats)
+
+
+class Size:
+    def node(self, op, args, child_costs):
+        return 1 + sum(child_costs)
+
+    def scalar(self, cost):
+        return cost
+
+
+class Never:
+    def node(self, op, args, child_costs):
+        return math.inf
+
+    def scalar(self, cost):
+        return cost
+
+
+def test_saturates_and_counts_matches():
+    graph = saturated(relu_term(3 * N))
+    stats = graph.stats
+    assert stats.saturated and stats.stop_reason == "saturated"
+    assert stats.matches_per_rule.get(f"unary-split/{N}", 0) >= 1
+    assert stats.matches_per_rule.get("hw:bw.v_relu", 0) >= 1
+    assert 0 < stats.eclasses <= stats.enodes
+    assert graph.roots["root"] in graph.classes
+
+
+@pytest.mark.parametrize("budget, reason", [
+    (Budget(nodes=5), "node limit"),
+    (Budget(iterations=1), "iteration limit (1)"),
+    (Budget(seconds=-1.0), "time limit"),
+])
+def test_budgets_stop_saturation(budget, reason):
+    stats = saturated(relu_term(3 * N), budget=budget).stats
+    assert not stats.saturated
+    assert stats.stop_reason.startswith(reason)
+
+
+def test_type_conflict_is_reported():
+    bad = Rule("retype", "algorithmic", ("(rewrite (VVRelu (TA s n)) (VVRelu (TA s (+ n 1))) :ruleset algorithmic)",),
+               "none", "equates functions of different input types", lambda rng: T("VVRelu", V(2)))
+    with pytest.raises(EGraphError, match="type conflict"):
+        saturated(relu_term(2), rules=[bad], budget=Budget(iterations=2))
+
+
+def test_malformed_rule_is_an_egraph_error():
+    broken = Rule("broken", "algorithmic", ("(rewrite (VVRelu t) :ruleset algorithmic)",), "none", "", lambda r: None)
+    with pytest.raises(EGraphError):
+        Saturator([broken])
+
+
+def test_extraction_picks_device_ops():
+    graph = saturated(relu_term(3 * N))
+    best = extract_greedy(graph, graph.roots["root"], TARGET.cost_model())
+    ops = {t.op for t in best.term.walk()}
+    assert "Dev" in ops and "VVRelu" not in ops
+    assert best.cycles < math.inf and best.cycles == TARGET.cost_model().scalar(best.cost)
+
+
+def test_extraction_is_deterministic_and_smallest_under_size():
+    graph = saturated(relu_term(3 * N))
+    a = extract_greedy(graph, graph.roots["root"], Size())
+    b = extract_greedy(graph, graph.roots["root"], Size())
+    assert a.term == b.term
+    assert a.term == relu_term(3 * N)  # the input term is the smallest of its class
+
+
+def test_extraction_without_a_runnable_program():
+    graph = saturated(relu_term(N), rules=[])
+    with pytest.raises(ExtractionError):
+        extract_greedy(graph, graph.roots["root"], TARGET.cost_model())
+    with pytest.raises(ExtractionError):
+        extract_greedy(graph, graph.roots["root"], Never())
+
+
+def test_cost_model_prefers_pinned_weights():
+    w = T("Var", "W", tensor_type("f32", (N, N)))
+    layer = T("LinearNB", w, V(N))
+    graph = saturated(T("App", comp(T("ToOutput", V(N)), layer), T("Var", "x", V(N))))
+    best = extract_greedy(graph, graph.roots["root"], TARGET.cost_model())
+    consts = [t for t in best.term.walk() if t.op == "Const"]
+    assert consts and any(s.op == "ToChip" for c in consts for s in c.walk())
+
+
+def test_pairs_and_constants_keep_their_types():
+    t = tp(V(N), V(N))
+    term = T("App", comp(T("ToOutput", V(N)), T("VVAdd", t)), T("Pair", T("Var", "a", V(N)), T("Var", "b", V(N))))
+    graph = saturated(term)
+    best = extract_greedy(graph, graph.roots["root"], TARGET.cost_model())
+    assert any(s.op == "Dev" and s.args[0] == "bw.vv_add" for s in best.term.walk())

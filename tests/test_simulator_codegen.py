@@ -1,0 +1,257 @@
+"""Code generation and the cycle-counting simulator, on terms of device ops written by hand
+(no saturation), at native dimension 4 so programs stay small."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
+from hwmodels.brainwave import DRAM_LATENCY, MFU_PIPELINE, MRF, VRF, brainwave
+from hwmodels.codegen import CodegenError, generate
+from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
+from hwmodels.simulator import SimulationError, simulate
+from hwmodels.target import Memory
+
+N = 4
+TARGET = brainwave(N)
+F32 = ts("f32")
+
+
+def V(n: int) -> Term:
+    return ta(F32, n)
+
+
+def M(n: int, k: int) -> Term:
+    return tensor_type("f32", (n, k))
+
+
+def dev(name: str) -> Term:
+    return TARGET.op_by_name[f"bw.{name}"].op.term
+
+
+def relu_program(length: int) -> Term:
+    """x -> ReLU(x) on a vector of `length` (a multiple of N), one v_relu per native vector."""
+    blocks = length // N
+    f = comp(T("ToOutput", V(length)), T("Join", M(blocks, N)), T("Map", dev("v_relu"), blocks),
+             T("Split", N, V(length)), T("ToChip", VRF, V(length)))
+    return T("App", f, T("Var", "x", V(length)))
+
+
+def pinned_mvmul_program() -> Term:
+    """x -> W x with W moved to the matrix register file once, as a constant (setup)."""
+    w = T("Var", "W", M(N, N))
+    operands = T("Fork", T("Const", T("App", T("ToChip", MRF, M(N, N)), w), V(N)), T("ToChip", VRF, V(N)))
+    return T("App", comp(T("ToOutput", V(N)), dev("mv_mul"), operands), T("Var", "x", V(N)))
+
+
+def reduce_program(rows: int) -> Term:
+    """X -> sum of the rows of X, with vv_add in a loop."""
+    f = comp(T("ToOutput", V(N)), T("Reduce", dev("vv_add"), M(rows, N)), T("ToChip", VRF, M(rows, N)))
+    return T("App", f, T("Var", "X", M(rows, N)))
+
+
+def both(program: Program, env: dict):
+    """Functional and timing-only simulation of the same program."""
+    run = simulate(program, N, env, functional=True)
+    timing = simulate(program, N, None, functional=False)
+    return run, timing
+
+
+# ---------------------------------------------------------------- functional = timing, outputs
+
+
+@settings(max_examples=6, deadline=None)
+@given(blocks=st.integers(1, 40), seed=st.integers(0, 1000))
+def test_relu_program(blocks, seed):
+    x = np.random.default_rng(seed).standard_normal(blocks * N).astype(np.float32)
+    run, timing = both(generate(relu_program(blocks * N), TARGET), {"x": x})
+    assert run.cycles == timing.cycles and run.setup_cycles == timing.setup_cycles
+    assert run.dynamic_instructions == timing.dynamic_instructions == 3 * blocks
+    assert timing.output is None
+    np.testing.assert_array_equal(run.output, np.maximum(x, 0))
+
+
+def test_pinned_weights_load_in_setup():
+    rng = np.random.default_rng(1)
+    w, x = rng.standard_normal((N, N)).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    program = generate(pinned_mvmul_program(), TARGET)
+    assert [i.mnemonic for i in program.setup] == ["m_rd"]
+    assert program.histogram() == {"mv_mul": 1, "v_rd": 1, "v_wr": 1}
+    run, timing = both(program, {"W": w, "x": x})
+    assert run.setup_cycles > 0 and run.setup_cycles == timing.setup_cycles
+    assert run.cycles == timing.cycles
+    np.testing.assert_allclose(run.output, w.astype(np.float64) @ x, rtol=1e-5, atol=1e-6)
+    assert "setup:" in program.listing() and "m_rd" in program.listing()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+def test_reduce_program(rows):
+    x = np.random.default_rng(rows).standard_normal((rows, N)).astype(np.float32)
+    program = generate(reduce_program(rows), TARGET)
+    assert program.histogram().get("vv_add", 0) == rows - 1
+    run, timing = both(program, {"X": x})
+    assert run.cycles == timing.cycles
+    np.testing.assert_allclose(run.output, x.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_cycles_follow_the_timing_model():
+    """One vector through load, relu and store: each waits for the previous result."""
+    program = generate(relu_program(N), TARGET)
+    run = simulate(program, N, {"x": np.ones(N, np.float32)})
+    dma_occ = -(-N * 4 // TARGET.dram.bandwidth)
+    load_done = dma_occ + DRAM_LATENCY
+    relu_done = load_done + 1 + MFU_PIPELINE
+    assert run.cycles == relu_done + dma_occ + DRAM_LATENCY
+    assert run.unit_busy == {"dma": 2 * dma_occ, "mfu": 1}
+
+
+def test_more_work_takes_more_cycles():
+    short = simulate(generate(relu_program(4 * N), TARGET), N, None, functional=False)
+    long = simulate(generate(relu_program(40 * N), TARGET), N, None, functional=False)
+    assert long.cycles > short.cycles
+
+
+# ---------------------------------------------------------------- loops stay loops
+
+
+def test_listing_keeps_loops():
+    program = generate(relu_program(64 * N), TARGET)
+    listing = program.listing()
+    assert "loop i" in listing and "endloop" in listing
+    assert listing.count("v_relu") == 1
+    assert program.static_count() == 6
+    assert program.dynamic_count() == 3 * 64
+    assert program.static_count() * 10 < program.dynamic_count()
+    assert program.histogram() == {"v_rd": 64, "v_relu": 64, "v_wr": 64}
+
+
+def test_program_counts_nested_loops():
+    op = Operand("dram", Affine(0), 1, N, N)
+    ins = Instr("v_relu", "VVRelu", "mfu", 1, 9, op, (op,))
+    program = Program("t", [], [ins, Loop(0, 3, [ins, Loop(1, 5, [ins])])], {"dram": 16}, [], 0, (N,), (1,))
+    assert program.static_count() == 5
+    assert program.dynamic_count() == 1 + 3 * (1 + 5)
+    assert program.histogram() == {"v_relu": 19}
+    assert program.listing().count("endloop") == 2
+
+
+def test_affine_addresses():
+    a = Affine(3) + loop_var(0).scaled(4) + loop_var(1, 2)
+    assert a.at({0: 2, 1: 5}) == 3 + 8 + 10
+    assert (a + loop_var(0, -4)).terms == ((1, 2),)
+    assert str(Affine(0) + loop_var(2)) == "i2"
+    assert str(a) == "3+4*i0+2*i1"
+    assert (a + 5).base == 8
+
+
+# ---------------------------------------------------------------- simulator errors
+
+
+def _one_instr_program(dst: Operand, src: Operand, sizes=None) -> Program:
+    ins = Instr("v_rd", "load", "dma", 1, 101, dst, (src,))
+    return Program("t", [], [ins], sizes or {"dram": 16, VRF: 8}, [], 0, (N,), (1,))
+
+
+@pytest.mark.parametrize("functional", [True, False])
+@pytest.mark.parametrize("dst, src", [
+    (Operand(VRF, Affine(8), 1, N, N), Operand("dram", Affine(0), 1, N, N)),      # past the end of the VRF
+    (Operand(VRF, Affine(6), 1, N, N), Operand("dram", Affine(0), 1, N, N)),      # straddles the end
+    (Operand(VRF, Affine(0), 1, N, N), Operand("dram", Affine(-4), 1, N, N)),     # negative address
+    (Operand(VRF, Affine(0), 1, N, N), Operand("dram", Affine(0), 4, N, 5)),      # strided rows past the end
+    (Operand(VRF, Affine(0), 1, N, N), Operand("sram", Affine(0), 1, N, N)),      # no such memory
+])
+def test_out_of_bounds_access_is_an_error(functional, dst, src):
+    program = _one_instr_program(dst, src)
+    with pytest.raises(SimulationError):
+        simulate(program, N, {} if functional else None, functional=functional)
+
+
+def test_in_bounds_access_at_the_edge_is_fine():
+    program = _one_instr_program(Operand(VRF, Affine(4), 1, N, N), Operand("dram", Affine(12), 1, N, N))
+    assert simulate(program, N, None, functional=False).cycles == 101
+
+
+def test_out_of_bounds_inside_a_loop_is_found():
+    ins = Instr("v_rd", "load", "dma", 1, 101, Operand(VRF, loop_var(0, N), 1, N, N),
+                (Operand("dram", Affine(0), 1, N, N),))
+    program = Program("t", [], [Loop(0, 3, [ins])], {"dram": 16, VRF: 8}, [], 0, (N,), (1,))
+    with pytest.raises(SimulationError, match="outside"):
+        simulate(program, N, None, functional=False)
+
+
+def test_functional_simulation_needs_values():
+    with pytest.raises(SimulationError, match="needs input"):
+        simulate(generate(relu_program(N), TARGET), N, None, functional=True)
+
+
+def test_unknown_instruction_kind_is_an_error():
+    op = Operand(VRF, Affine(0), 1, N, N)
+    program = Program("t", [], [Instr("v_magic", "Magic", "mfu", 1, 1, op, (op,))], {"dram": 8, VRF: 8}, [], 0,
+                      (N,), (1,))
+    with pytest.raises(SimulationError, match="no semantics"):
+        simulate(program, N, {}, functional=True)
+
+
+# ---------------------------------------------------------------- codegen errors
+
+
+def _with_memory(space: str, capacity: int):
+    mems = dict(TARGET.memories)
+    mems[space] = dataclasses.replace(mems[space], capacity=capacity)
+    return dataclasses.replace(TARGET, memories=mems)
+
+
+def test_matrix_register_file_overflow():
+    tiny = _with_memory(MRF, N * N * 4 - 4)          # one float short of a native tile
+    with pytest.raises(CodegenError, match="overflow"):
+        generate(pinned_mvmul_program(), tiny)
+    generate(pinned_mvmul_program(), _with_memory(MRF, N * N * 4))   # exactly one tile fits
+
+
+def test_vector_register_file_overflow():
+    tiny = dataclasses.replace(TARGET, memories={MRF: TARGET.memories[MRF], VRF: Memory(VRF, 64, 64, 100)})
+    generate(relu_program(2 * N), tiny)                                 # 16 elements fit
+    with pytest.raises(CodegenError, match="overflow"):
+        generate(relu_program(4 * N), tiny)                             # 32 do not
+
+
+def test_codegen_rejects_bad_terms():
+    x = T("Var", "x", V(N))
+    with pytest.raises(CodegenError, match="applied"):
+        generate(T("Id", V(N)), TARGET)
+    with pytest.raises(CodegenError, match="DRAM"):                    # no ToOutput at the end
+        generate(T("App", comp(dev("v_relu"), T("ToChip", VRF, V(N))), x), TARGET)
+    with pytest.raises(CodegenError, match="operand in bw.vrf"):       # operand left in DRAM
+        generate(T("App", comp(T("ToOutput", V(N)), dev("v_relu")), x), TARGET)
+    with pytest.raises(CodegenError, match="no device op"):
+        generate(T("App", comp(T("ToOutput", V(N)), T("Dev", "bw.fft", V(N), V(N)), T("ToChip", VRF, V(N))), x),
+                 TARGET)
+    with pytest.raises(CodegenError, match="cannot run"):              # not lowered to a device op
+        generate(T("App", comp(T("ToOutput", V(N)), T("VVRelu", V(N)), T("ToChip", VRF, V(N))), x), TARGET)
+    with pytest.raises(CodegenError, match="not a native block"):      # a device op at the wrong size
+        generate(T("App", comp(T("ToOutput", V(2 * N)), T("Dev", "bw.v_relu", V(2 * N), V(2 * N)),
+                               T("ToChip", VRF, V(2 * N))), T("Var", "x", V(2 * N))), TARGET)
+
+
+def test_host_pads_inputs():
+    """Pad of host data becomes a padded host buffer, not an instruction."""
+    f = comp(T("ToOutput", V(N)), dev("v_relu"), T("ToChip", VRF, V(N)), T("Pad", 0, 1, V(N - 1)))
+    program = generate(T("App", f, T("Var", "x", V(N - 1))), TARGET)
+    x = np.array([-1.0, 2.0, -3.0], np.float32)
+    run = simulate(program, N, {"x": x})
+    np.testing.assert_array_equal(run.output, [0, 2, 0, 0])
+    assert any("Pad" in hb.what for hb in program.host_buffers)
+
+
+def test_pair_operands_come_from_both_register_files():
+    a, b = (T("Var", n, V(N)) for n in "ab")
+    operands = T("Fork", comp(T("ToChip", VRF, V(N)), T("Fst", tp(V(N), V(N)))),
+                 comp(T("ToChip", VRF, V(N)), T("Snd", tp(V(N), V(N)))))
+    program = generate(T("App", comp(T("ToOutput", V(N)), dev("vv_mul"), operands), T("Pair", a, b)), TARGET)
+    av, bv = np.arange(N, dtype=np.float32), np.full(N, 3.0, np.float32)
+    np.testing.assert_array_equal(simulate(program, N, {"a": av, "b": bv}).output, av * bv)
