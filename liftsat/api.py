@@ -13,7 +13,7 @@ from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.ir import Term
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator, SaturationStats
-from extraction.greedy import extract_greedy
+from extraction.greedy import ExtractionError, extract_greedy
 from frontend.layers import LayerSpec, Model, build_model, parse_layer
 from hwmodels.codegen import generate
 from hwmodels.isa import Program
@@ -120,7 +120,13 @@ def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target
     stats = sat.run(budget or Budget())
     graph = sat.serialize({"root": model.term}, stats)
     t0 = time.perf_counter()
-    best = extract_greedy(graph, graph.roots["root"], tgt.cost_model())
+    try:
+        best = extract_greedy(graph, graph.roots["root"], tgt.cost_model())
+    except ExtractionError as exc:
+        if stats.saturated:
+            raise ExtractionError(f"{exc} on {tgt.name}: the rules cover no device program for it") from None
+        raise ExtractionError(f"{exc} on {tgt.name} before saturation stopped ({stats.stop_reason}); "
+                              f"a larger budget may find one") from None
     extract_seconds = time.perf_counter() - t0
     program = generate(best.term, tgt)
     run = simulate(program, tgt.native_dim, model.env, functional=True)
