@@ -357,8 +357,8 @@ class Codegen:
         if v.space != "dram":
             raise CodegenError(f"moving data from {v.space} to {space} is not supported")
         out = dest if dest is not None else self.allocate(space, v.shape)
-        mnemonic = self.t.load_mnemonics[space]
-        self.transfer("load", mnemonic, out, v, tile=mnemonic.startswith("m"))
+        mem = self.t.memories[space]
+        self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile")
         return out
 
     def to_dram(self, v: object) -> Buf:

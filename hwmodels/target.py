@@ -15,16 +15,27 @@ from egraph_rules.ir import Term, nbytes, numel
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
+#: the units a device op can run on: the matrix unit and the vector unit
+OP_UNITS = ("mvu", "mfu")
+#: what one load into an on-chip memory moves: a native vector (N elements) or tile (N x N)
+LOAD_UNITS = ("vector", "tile")
+
+
+class TargetError(ValueError):
+    """Unknown target or bad target parameter."""
 
 
 @dataclass(frozen=True)
 class Memory:
-    """An on-chip memory (or DRAM): capacity in bytes, bytes moved per cycle, access latency."""
+    """An on-chip memory (or DRAM): capacity in bytes, bytes moved per cycle, access latency,
+    and how data is loaded into it from DRAM (mnemonic; a native vector or tile per load)."""
 
     name: str
     capacity: int
     bandwidth: int
     latency: int
+    load_mnemonic: str = ""
+    load_unit: str = "vector"
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,6 @@ class Target:
     memories: dict[str, Memory]
     ops: tuple[OpSpec, ...]
     peak_macs_per_cycle: int
-    load_mnemonics: dict[str, str]
     store_mnemonic: str
     #: weights pinned on chip are loaded once at deployment, not per inference
     persistent_weights: bool = True
@@ -101,7 +111,7 @@ class CycleCost:
     def unit_elems(self, space: str) -> int:
         """Elements one load into this memory moves (a vector, or a native tile)."""
         n = self.t.native_dim
-        return n * n if self.t.load_mnemonics.get(space, "").startswith("m") else n
+        return n * n if self.t.memories[space].load_unit == "tile" else n
 
     def node(self, op: str, args: tuple, kids: list[Cost]) -> Cost:  # noqa: C901 - a table
         if op in self.FREE:

@@ -1,22 +1,36 @@
-"""The built-in targets by name."""
+"""The targets: built-in descriptions (hwmodels/targets/*.toml) by name, or a user's .toml file."""
 
 from __future__ import annotations
 
-from hwmodels.brainwave import brainwave
-from hwmodels.target import Target
+from pathlib import Path
+
+import hwmodels
+from hwmodels.description import load_target
+from hwmodels.target import Target, TargetError
+
+#: built-in target name -> its description file
+BUILTIN: dict[str, Path] = {p.stem: p for p in sorted(Path(hwmodels.__file__).with_name("targets").glob("*.toml"))}
 
 
-class TargetError(ValueError):
-    """Unknown target or bad target parameter."""
+def get_target(name_or_path: str, native_dim: int | None = None) -> Target:
+    """A built-in target by name, or the target a path ending in .toml describes; optionally at
+    another native dimension."""
+    if name_or_path.endswith(".toml"):
+        return load_target(Path(name_or_path), native_dim)
+    if name_or_path not in BUILTIN:
+        raise TargetError(f"unknown target {name_or_path!r}; built-in targets: {', '.join(BUILTIN)} "
+                          f"(or the path of a .toml target description)")
+    return load_target(BUILTIN[name_or_path], native_dim)
 
 
-BUILTIN = {"brainwave": brainwave}
-
-
-def get_target(name: str, native_dim: int | None = None) -> Target:
-    """A built-in target, optionally at another native dimension."""
-    if name not in BUILTIN:
-        raise TargetError(f"unknown target {name!r}; built-in targets: {', '.join(BUILTIN)}")
-    if native_dim is not None and native_dim <= 0:
-        raise TargetError(f"native dimension must be positive, got {native_dim}")
-    return BUILTIN[name]() if native_dim is None else BUILTIN[name](native_dim)
+def summary(t: Target) -> dict:
+    """A target's key numbers (what `liftsat targets` shows)."""
+    return {
+        "name": t.name,
+        "native_dim": t.native_dim,
+        "clock_mhz": t.clock_mhz,
+        "peak_macs_per_cycle": t.peak_macs_per_cycle,
+        "dram_bytes_per_cycle": t.dram.bandwidth,
+        "memory_bytes": {m.name: m.capacity for m in t.memories.values()},
+        "ops": [o.mnemonic for o in t.ops],
+    }

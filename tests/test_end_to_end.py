@@ -14,9 +14,8 @@ from egraph_rules.interpreter import Interpreter
 from egraph_rules.ir import ta, ts, ty
 from egraph_rules.saturate import Budget
 from frontend.layers import LayerError, build_model, parse_layer
-from hwmodels.brainwave import MRF, brainwave
 from liftsat import optimize
-from liftsat.targets import TargetError
+from liftsat.targets import TargetError, get_target
 
 FC = ["Linear(1024, 1000)", "ReLU()"]
 
@@ -103,7 +102,7 @@ def test_fc_term_has_the_type_of_the_layer(fc128):
 def test_fc_term_means_the_layer(fc128):
     """The extracted term, evaluated by the reference interpreter, is the numpy reference too."""
     model = build_model([parse_layer(t) for t in FC], (1, 1024))
-    meanings = {op.name: op.meaning for op in brainwave().device_ops()}
+    meanings = {op.name: op.meaning for op in get_target("brainwave").device_ops()}
     value = Interpreter(model.env, meanings).value(fc128.term)
     np.testing.assert_allclose(np.asarray(value).reshape(1, 1000), model.reference, rtol=1e-4, atol=1e-5)
 
@@ -174,9 +173,9 @@ def test_seed_changes_data_not_program():
 
 
 def test_weights_that_do_not_fit_are_streamed():
-    base = brainwave(32)
+    base = get_target("brainwave", 32)
     mems = dict(base.memories)
-    mems[MRF] = dataclasses.replace(mems[MRF], capacity=2 * 32 * 32 * 4)   # two tiles, W0 needs four
+    mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=2 * 32 * 32 * 4)   # two tiles, W0 needs four
     small = dataclasses.replace(base, memories=mems)
     r = optimize(["Linear(64, 64)"], (1, 64), target=small)
     _check_accuracy(r, (1, 64))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from egraph_rules.interpreter import Interpreter, random_value
 from egraph_rules.ir import IRTypeError, T, Term, comp, fin, fout, ta, tensor_type, tp, ts, ty
-from hwmodels.brainwave import brainwave
+from liftsat.targets import get_target
 
 F32 = ts("f32")
 SMALL = settings(max_examples=8, deadline=None)
@@ -173,7 +173,7 @@ def test_elementwise_keeps_float32():
 
 
 def test_device_ops_run_their_meaning():
-    target = brainwave(4)
+    target = get_target("brainwave", 4)
     meanings = {op.name: op.meaning for op in target.device_ops()}
     rng = rng_for(3)
     for op in target.device_ops():

@@ -22,11 +22,11 @@ from egraph_rules.ir import SCHEMA, T, Term, comp, fin, ta, tp, ts, ty
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator
 from extraction.greedy import GraphView, extract_greedy
-from hwmodels.brainwave import brainwave
 from liftsat.api import rules_for
+from liftsat.targets import get_target
 
 NATIVE = 4
-TARGET = brainwave(NATIVE)
+TARGET = get_target("brainwave", NATIVE)
 RULES = rules_for([TARGET])
 RULES_BY_NAME = {r.name: r for r in RULES}
 MEANINGS = {op.name: op.meaning for op in TARGET.device_ops()}

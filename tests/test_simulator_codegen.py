@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
-from hwmodels.brainwave import DRAM_LATENCY, MFU_PIPELINE, MRF, VRF, brainwave
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
 from hwmodels.simulator import SimulationError, simulate
-from hwmodels.target import Memory
+from liftsat.targets import get_target
 
 N = 4
-TARGET = brainwave(N)
+TARGET = get_target("brainwave", N)
+MRF, VRF = "bw.mrf", "bw.vrf"
 F32 = ts("f32")
 
 
@@ -104,10 +104,11 @@ def test_cycles_follow_the_timing_model():
     program = generate(relu_program(N), TARGET)
     run = simulate(program, N, {"x": np.ones(N, np.float32)})
     dma_occ = -(-N * 4 // TARGET.dram.bandwidth)
-    load_done = dma_occ + DRAM_LATENCY
-    relu_done = load_done + 1 + MFU_PIPELINE
-    assert run.cycles == relu_done + dma_occ + DRAM_LATENCY
-    assert run.unit_busy == {"dma": 2 * dma_occ, "mfu": 1}
+    relu = TARGET.op_by_name["bw.v_relu"]
+    load_done = dma_occ + TARGET.dram.latency
+    relu_done = load_done + relu.latency
+    assert run.cycles == relu_done + dma_occ + TARGET.dram.latency
+    assert run.unit_busy == {"dma": 2 * dma_occ, "mfu": relu.occupancy}
 
 
 def test_more_work_takes_more_cycles():
@@ -214,7 +215,7 @@ def test_matrix_register_file_overflow():
 
 
 def test_vector_register_file_overflow():
-    tiny = dataclasses.replace(TARGET, memories={MRF: TARGET.memories[MRF], VRF: Memory(VRF, 64, 64, 100)})
+    tiny = _with_memory(VRF, 64)
     generate(relu_program(2 * N), tiny)                                 # 16 elements fit
     with pytest.raises(CodegenError, match="overflow"):
         generate(relu_program(4 * N), tiny)                             # 32 do not
