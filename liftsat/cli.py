@@ -1,4 +1,7 @@
-"""The command line: `liftsat optimize LAYER... --input BxF --target T`."""
+"""The command line: `liftsat optimize LAYER... --input BxF --target T`, `liftsat targets`.
+
+Each subcommand is a function from its parsed arguments to the text it prints; `main` turns the
+user errors any of them raises into one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from frontend.layers import LayerError, parse_shape
 from hwmodels.codegen import CodegenError
 from hwmodels.simulator import SimulationError
 from liftsat.api import optimize
-from liftsat.targets import TargetError
+from liftsat.targets import BUILTIN, TargetError, get_target, summary
 
 USER_ERRORS = (LayerError, TargetError, IRTypeError, ExtractionError, CodegenError, SimulationError, EGraphError)
 
@@ -30,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     o = sub.add_parser("optimize", help="compile layers for a target, simulate, report")
     o.add_argument("layers", nargs="+", help='PyTorch-style layers applied in order, e.g. "Linear(1024, 1000)" "ReLU()"')
     o.add_argument("--input", required=True, help="input shape BxF (batch x features), e.g. 1x1024")
-    o.add_argument("--target", default="brainwave", help="target name (default brainwave)")
+    o.add_argument("--target", default="brainwave",
+                   help="built-in target name, or the path of a .toml target description (default brainwave)")
     o.add_argument("--native-dim", type=int, help="native dimension of the target (brainwave: 128, 64 or 32)")
     o.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
     o.add_argument("--max-nodes", type=int, default=Budget.nodes, help="e-node budget of saturation")
@@ -39,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     out = o.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--listing", action="store_true", help="print the program in the target's assembly syntax")
+    o.set_defaults(run=_optimize)
+    t = sub.add_parser("targets", help="list the built-in targets and their key numbers")
+    t.add_argument("--json", action="store_true", help="print a JSON list")
+    t.set_defaults(run=_targets)
     return p
 
 
@@ -58,21 +66,45 @@ def _summary(r) -> str:
     ])
 
 
+def _optimize(args: argparse.Namespace) -> str:
+    """`liftsat optimize`: compile, simulate, report."""
+    shape = parse_shape(args.input)
+    budget = Budget(nodes=args.max_nodes, iterations=args.max_iterations, seconds=args.max_seconds)
+    result = optimize(args.layers, shape, args.target, seed=args.seed, native_dim=args.native_dim, budget=budget)
+    if args.json:
+        return json.dumps(result.as_dict(), indent=2)
+    return result.listing if args.listing else _summary(result)
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in the largest binary unit that divides them."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _targets(args: argparse.Namespace) -> str:
+    """`liftsat targets`: the built-in targets' key numbers."""
+    items = [summary(get_target(name)) for name in BUILTIN]
+    if args.json:
+        return json.dumps(items, indent=2)
+    return "\n".join(
+        f"{d['name']}: native dim {d['native_dim']}, {d['clock_mhz']:g} MHz, {d['peak_macs_per_cycle']} MACs/cycle, "
+        f"DRAM {d['dram_bytes_per_cycle']} B/cycle\n"
+        f"  memories  {', '.join(f'{m} {_size(c)}' for m, c in d['memory_bytes'].items())}\n"
+        f"  ops       {', '.join(d['ops'])}"
+        for d in items)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        shape = parse_shape(args.input)
-        budget = Budget(nodes=args.max_nodes, iterations=args.max_iterations, seconds=args.max_seconds)
-        result = optimize(args.layers, shape, args.target, seed=args.seed, native_dim=args.native_dim, budget=budget)
+        text = args.run(args)
     except USER_ERRORS as exc:
         print(f"liftsat: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
-    elif args.listing:
-        print(result.listing)
-    else:
-        print(_summary(result))
+    print(text)
     return 0
 
 
