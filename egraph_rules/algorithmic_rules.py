@@ -159,7 +159,7 @@ def _tiling(n_: int) -> list[Rule]:
 
     def ex_binary(rng):
         n = N * _pick(rng, 2, 4)
-        return T(["VVAdd", "VVMul"][_pick(rng, 0, 1)], tp(_v(n), _v(n)))
+        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][_pick(rng, 0, 3)], tp(_v(n), _v(n)))
 
     def ex_slice_unary(rng):
         n2 = N * _pick(rng, 1, 3)
@@ -182,7 +182,7 @@ def _tiling(n_: int) -> list[Rule]:
                              f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map ({op} (TA s {N})) (/ n {N})) (Split {N} (TA s n))))",
                              a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
     binary = []
-    for op in ("VVAdd", "VVMul"):
+    for op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
         ts_ = f"(TA (TA s {N}) (/ n {N}))"
         binary.append(rewrite(
             f"({op} (TP (TA s n) (TA s n)))",
@@ -194,7 +194,7 @@ def _tiling(n_: int) -> list[Rule]:
         slice_unary += chain_rewrites([f"({op} (TA s n))", "(Slice 0 n (TA s n2))"],
                                       ["(Slice 0 n (TA s n2))", f"({op} (TA s n2))"], a)
     slice_binary = []
-    for op in ("VVAdd", "VVMul"):
+    for op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
         slice_binary += chain_rewrites(
             [f"({op} (TP (TA s n) (TA s n)))", "(Fork (Comp (Slice 0 n (TA s n2)) g) h)"],
             ["(Slice 0 n (TA s n2))", f"({op} (TP (TA s n2) (TA s n2)))",
@@ -360,9 +360,49 @@ def _movement() -> list[Rule]:
     ]
 
 
+def _stacking() -> list[Rule]:
+    a = "algorithmic"
+
+    def mv(rows: str, start: str) -> str:
+        return (f"(Comp (MVMul (TP (TA (TA s k) {rows}) (TA s k))) "
+                f"(Fork (Const (App (Slice {start} {rows} tw) w) tp) g))")
+
+    merge = (
+        f"(rule ((= e1 {mv('n1', 'r0')}) (= e2 {mv('n2', 'r1')}) (= r1 (+ r0 n1))) "
+        f"((let big {mv('(+ n1 n2)', 'r0')}) "
+        f"(union e1 (Comp (Slice 0 n1 (TA s (+ n1 n2))) big)) "
+        f"(union e2 (Comp (Slice n1 n2 (TA s (+ n1 n2))) big))) :ruleset {a})"
+    )
+
+    def ex_merge(rng):
+        n1, n2, k, extra = _pick(rng, 1, 4), _pick(rng, 1, 4), _pick(rng, 1, 4), _pick(rng, 0, 2)
+        rows = n1 + n2 + extra
+        tw = _m(rows, k)
+        w = _var("W", tw)
+        x = T("Id", _v(k))
+
+        def block(start: int, n: int) -> Term:
+            const = T("Const", T("App", T("Slice", start, n, tw), w), _v(k))
+            return T("Comp", T("MVMul", tp(_m(n, k), _v(k))), T("Fork", const, x))
+
+        return T("Fork", block(extra, n1), block(extra + n1, n2))
+
+    def ex_full(rng):
+        n = _pick(rng, 1, 5)
+        return T("Slice", 0, n, _v(n))
+
+    return [
+        Rule("mvmul-merge-row-blocks", a, (merge,), "the two weight blocks are adjacent rows of one constant",
+             "MVMul(W[a:a+n1], x) and MVMul(W[a+n1:a+n1+n2], x) are slices of MVMul(W[a:a+n1+n2], x): products "
+             "of one input by stacked weights (an RNN's gates) become one larger product", ex_merge),
+        Rule("slice-whole", a, (rewrite("(Slice 0 n (TA e n))", "(Id (TA e n))", a),), "the slice is the whole array",
+             "Slice(0, n) of an n-element array = Id", ex_full),
+    ]
+
+
 def algorithmic_rules(tile_sizes: tuple[int, ...]) -> list[Rule]:
     """Lift's structural rules, data-movement rules, and tiling rules for each tile size."""
-    rules = _structural() + _movement()
+    rules = _structural() + _movement() + _stacking()
     for n in sorted(set(tile_sizes)):
         rules += _tiling(n)
     return rules

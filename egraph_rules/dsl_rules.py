@@ -24,6 +24,78 @@ def _linear_nb_example(rng: np.random.Generator) -> Term:
     return T("LinearNB", T("Var", "W", tensor_type("f32", (n, k))), ta(ts("f32"), k))
 
 
+class _Cell:
+    """egglog text of a recurrent cell's gate arithmetic over input pair type `p`: gate k's
+    weights are rows [k*nh, (k+1)*nh) of PyTorch's stacked weight_ih / weight_hh / biases."""
+
+    def __init__(self, p: str, x_len: str, gates: int):
+        self.p, self.v = p, "(TA s nh)"
+        self.x_len, self.gates = x_len, gates
+
+    def const(self, e: str, rows: str, cols: str | None, k: int) -> str:
+        stacked = f"(TA s (* {self.gates} nh))" if cols is None else f"(TA (TA s {cols}) (* {self.gates} nh))"
+        return f"(Const (App (Slice (* {k} nh) nh {stacked}) {e}) {self.p})"
+
+    def mv(self, w: str, cols: str, k: int, operand: str) -> str:
+        return (f"(Comp (MVMul (TP (TA (TA s {cols}) nh) (TA s {cols}))) "
+                f"(Fork {self.const(w, 'nh', cols, k)} {operand}))")
+
+    def op2(self, op: str, f: str, g: str, t: str | None = None) -> str:
+        t = t or self.v
+        return f"(Comp ({op} (TP {t} {t})) (Fork {f} {g}))"
+
+    def op1(self, op: str, f: str) -> str:
+        return f"(Comp ({op} {self.v}) {f})"
+
+    def gate_in(self, k: int, x: str) -> str:
+        return self.op2("VVAdd", self.mv("wi", self.x_len, k, x), self.const("bi", "nh", None, k))
+
+    def gate_h(self, k: int, h: str) -> str:
+        return self.op2("VVAdd", self.mv("wh", "nh", k, h), self.const("bh", "nh", None, k))
+
+
+def _gru_rhs() -> str:
+    p = "(TP (TA s ni) (TA s nh))"
+    c = _Cell(p, "ni", 3)
+    x, h = f"(Fst {p})", f"(Snd {p})"
+    r = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(0, x), c.gate_h(0, h)))
+    z = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(1, x), c.gate_h(1, h)))
+    n = c.op1("VVTanh", c.op2("VVAdd", c.gate_in(2, x), c.op2("VVMul", r, c.gate_h(2, h))))
+    # h' = n + z * (h - n), with n computed once: q = ((n, z), h)
+    vv = f"(TP {c.v} {c.v})"
+    q = f"(TP {vv} {c.v})"
+    n_q, z_q, h_q = f"(Comp (Fst {vv}) (Fst {q}))", f"(Comp (Snd {vv}) (Fst {q}))", f"(Snd {q})"
+    out = c.op2("VVAdd", n_q, c.op2("VVMul", z_q, c.op2("VVSub", h_q, n_q)))
+    return f"(Comp {out} (Fork (Fork {n} {z}) {h}))"
+
+
+def _lstm_rhs() -> str:
+    p = "(TP (TA s ni) (TP (TA s nh) (TA s nh)))"
+    c = _Cell(p, "ni", 4)
+    st = "(TP (TA s nh) (TA s nh))"
+    x, h, cc = f"(Fst {p})", f"(Comp (Fst {st}) (Snd {p}))", f"(Comp (Snd {st}) (Snd {p}))"
+    g = [c.op2("VVAdd", c.gate_in(k, x), c.gate_h(k, h)) for k in range(4)]
+    i, f, cand, o = c.op1("VVSigm", g[0]), c.op1("VVSigm", g[1]), c.op1("VVTanh", g[2]), c.op1("VVSigm", g[3])
+    c2 = c.op2("VVAdd", c.op2("VVMul", f, cc), c.op2("VVMul", i, cand))
+    # (h', c') = (o * tanh(c'), c'), with c' computed once: q = (c', o)
+    vv = f"(TP {c.v} {c.v})"
+    h2 = f"(Comp (VVMul {vv}) (Fork (Snd {vv}) (Comp (VVTanh {c.v}) (Fst {vv}))))"
+    return f"(Comp (Fork {h2} (Fst {vv})) (Fork {c2} {o}))"
+
+
+def _cell_example(op: str):
+    def example(rng: np.random.Generator) -> Term:
+        ni, nh = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        gates = 3 if op == "GRUCell" else 4
+        s = ts("f32")
+        ws = [T("Var", "Wi", tensor_type("f32", (gates * nh, ni))), T("Var", "Wh", tensor_type("f32", (gates * nh, nh))),
+              T("Var", "bi", ta(s, gates * nh)), T("Var", "bh", ta(s, gates * nh))]
+        state = ta(s, nh) if op == "GRUCell" else T("TP", ta(s, nh), ta(s, nh))
+        return T(op, *ws, T("TP", ta(s, ni), state))
+
+    return example
+
+
 def dsl_rules() -> list[Rule]:
     """Fully connected layers become a matrix-vector product plus a bias."""
     return [
@@ -49,5 +121,21 @@ def dsl_rules() -> list[Rule]:
             "none",
             "Linear(W, bias=False) x = MVMul(W, x)",
             _linear_nb_example,
+        ),
+        Rule(
+            "grucell-to-gates",
+            "dsl",
+            (rewrite("(GRUCell wi wh bi bh (TP (TA s ni) (TA s nh)))", _gru_rhs(), "dsl"),),
+            "none",
+            "GRUCell = r, z, n gates from row blocks of the stacked weights; h' = n + z (h - n)",
+            _cell_example("GRUCell"),
+        ),
+        Rule(
+            "lstmcell-to-gates",
+            "dsl",
+            (rewrite("(LSTMCell wi wh bi bh (TP (TA s ni) (TP (TA s nh) (TA s nh))))", _lstm_rhs(), "dsl"),),
+            "none",
+            "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
+            _cell_example("LSTMCell"),
         ),
     ]

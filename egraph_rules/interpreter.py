@@ -30,6 +30,8 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "VVAdd": np.add,
     "VVMul": np.multiply,
+    "VVSub": np.subtract,
+    "VVMax": np.maximum,
     "MVMul": lambda m, v: m @ v,
     "MMMul": lambda a, b: a @ b,
 }
@@ -47,6 +49,26 @@ def _items(v: Value) -> list[Value]:
 
 def _fail(msg: str):
     raise IRTypeError(msg)
+
+
+def gru_cell(w_ih, w_hh, b_ih, b_hh, x, h):
+    """PyTorch's GRUCell (gates r, z, n stacked in that order)."""
+    gi, gh = w_ih @ x + b_ih, w_hh @ h + b_hh
+    n_h = len(h)
+    r = _sigmoid(gi[:n_h] + gh[:n_h])
+    z = _sigmoid(gi[n_h : 2 * n_h] + gh[n_h : 2 * n_h])
+    n = np.tanh(gi[2 * n_h :] + r * gh[2 * n_h :])
+    return n + z * (h - n)
+
+
+def lstm_cell(w_ih, w_hh, b_ih, b_hh, x, h, c):
+    """PyTorch's LSTMCell (gates i, f, g, o stacked in that order)."""
+    g = w_ih @ x + b_ih + w_hh @ h + b_hh
+    n_h = len(h)
+    i, f = _sigmoid(g[:n_h]), _sigmoid(g[n_h : 2 * n_h])
+    cand, o = np.tanh(g[2 * n_h : 3 * n_h]), _sigmoid(g[3 * n_h :])
+    c2 = f * c + i * cand
+    return (o * np.tanh(c2), c2)
 
 
 class Interpreter:
@@ -91,6 +113,17 @@ class Interpreter:
             for xi in items[1:]:
                 acc = self.apply(a[0], (acc, xi))
             return acc
+        if op == "Fold":
+            acc = x[0]
+            for xi in _items(x[1]):
+                acc = self.apply(a[0], (acc, xi))
+            return acc
+        if op == "Concat":
+            return np.concatenate([x[0], x[1]])
+        if op == "GRUCell":
+            return gru_cell(*(self.value(w) for w in a[:4]), x[0], x[1])
+        if op == "LSTMCell":
+            return lstm_cell(*(self.value(w) for w in a[:4]), x[0], *x[1])
         if op == "Split":
             items, k = _items(x), a[0]
             return _stack([_stack(items[i : i + k]) for i in range(0, len(items), k)])

@@ -39,6 +39,8 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # Lift patterns
     "Map": ("F", ("F", "i64")),
     "Reduce": ("F", ("F", "Ty")),
+    # (init, [a]n) -> f(...f(f(init, a0), a1)..., a(n-1)): a loop carrying a state (RNN over time)
+    "Fold": ("F", ("F", "Ty")),
     "Split": ("F", ("i64", "Ty")),
     "Join": ("F", ("Ty",)),
     "Transpose": ("F", ("Ty",)),
@@ -46,9 +48,12 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "DistR": ("F", ("Ty",)),
     "Pad": ("F", ("i64", "i64", "Ty")),
     "Slice": ("F", ("i64", "i64", "Ty")),
+    "Concat": ("F", ("Ty",)),
     # arithmetic (binary ones take a pair)
     "VVAdd": ("F", ("Ty",)),
     "VVMul": ("F", ("Ty",)),
+    "VVSub": ("F", ("Ty",)),
+    "VVMax": ("F", ("Ty",)),
     "MVMul": ("F", ("Ty",)),
     "MMMul": ("F", ("Ty",)),
     "VVRelu": ("F", ("Ty",)),
@@ -57,6 +62,10 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # layers (DSL level): x -> W x + b, x -> W x
     "Linear": ("F", ("E", "E", "Ty")),
     "LinearNB": ("F", ("E", "Ty")),
+    # recurrent cells, PyTorch layouts: weight_ih, weight_hh, bias_ih, bias_hh (gates stacked);
+    # GRUCell: (x, h) -> h'; LSTMCell: (x, (h, c)) -> (h', c')
+    "GRUCell": ("F", ("E", "E", "E", "E", "Ty")),
+    "LSTMCell": ("F", ("E", "E", "E", "E", "Ty")),
     # address spaces: move to a named on-chip memory, to DRAM, to the output buffer
     "ToChip": ("F", ("String", "Ty")),
     "ToDram": ("F", ("Ty",)),
@@ -65,7 +74,6 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "Dev": ("F", ("String", "Ty", "Ty")),
 }
 
-ELEMENTWISE_UNARY = ("VVRelu", "VVTanh", "VVSigm")
 
 
 class IRTypeError(ValueError):
@@ -166,6 +174,15 @@ def shape_of(t: Term) -> tuple[int, ...]:
     if t.op != "TS":
         raise IRTypeError(f"{t} is not a tensor of scalars")
     return tuple(dims)
+
+
+def dtype_name(t: Term) -> str:
+    """Element type of a tensor type."""
+    while t.op == "TA":
+        t = t.args[0]
+    if t.op != "TS":
+        raise IRTypeError(f"{t} is not a tensor of scalars")
+    return t.args[0]
 
 
 def numel(t: Term) -> int:
@@ -278,13 +295,38 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         if a[0] < 0 or a[1] <= 0 or a[0] + a[1] > n:
             raise IRTypeError(f"Slice [{a[0]}, {a[0] + a[1]}) out of length {n}")
         return ta(e, a[1])
-    if op in ("VVAdd", "VVMul"):
+    if op == "Fold":
+        acc, xs = _pair(a[1], "Fold")
+        e, _ = _arr(xs, "Fold")
+        if fin(a[0]) != tp(acc, e) or fout(a[0]) != acc:
+            raise IRTypeError(f"Fold step {a[0].op} does not map ({acc}, {e}) to {acc}")
+        return acc
+    if op == "Concat":
+        x, y = _pair(a[0], "Concat")
+        (xe, n), (ye, m) = _arr(x, "Concat"), _arr(y, "Concat")
+        if xe != ye:
+            raise IRTypeError(f"Concat of arrays of {xe} and {ye}")
+        return ta(xe, n + m)
+    if op in ("GRUCell", "LSTMCell"):
+        x, state = _pair(a[4], op)
+        h = state if op == "GRUCell" else _pair(state, op)[0]
+        gates = 3 if op == "GRUCell" else 4
+        (_, nx), (_, nh) = _vec(x, op), _vec(h, op)
+        want = [tensor_type(dtype_name(h), (gates * nh, nx)), tensor_type(dtype_name(h), (gates * nh, nh)),
+                ta(h.args[0], gates * nh), ta(h.args[0], gates * nh)]
+        for what, e, w in zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), a[:4], want):
+            if ty(e) != w:
+                raise IRTypeError(f"{op} {what} is {ty(e)}, expected {w}")
+        if op == "LSTMCell" and state.args[1] != h:
+            raise IRTypeError(f"LSTMCell cell state {state.args[1]} does not match hidden state {h}")
+        return state
+    if op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
         x, y = _pair(a[0], op)
         _vec(x, op)
         if x != y:
             raise IRTypeError(f"{op} of {x} and {y}")
         return x
-    if op in ELEMENTWISE_UNARY:
+    if op in ("VVRelu", "VVTanh", "VVSigm"):
         _vec(a[0], op)
         return a[0]
     if op == "MVMul":

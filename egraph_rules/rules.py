@@ -82,6 +82,11 @@ LEAF_FOUT = {
     "Slice": ("(Slice s k (TA e n))", "(TA e k)"),
     "VVAdd": ("(VVAdd (TP t t))", "t"),
     "VVMul": ("(VVMul (TP t t))", "t"),
+    "VVSub": ("(VVSub (TP t t))", "t"),
+    "VVMax": ("(VVMax (TP t t))", "t"),
+    "Concat": ("(Concat (TP (TA a n) (TA a m)))", "(TA a (+ n m))"),
+    "GRUCell": ("(GRUCell wi wh bi bh (TP x h))", "h"),
+    "LSTMCell": ("(LSTMCell wi wh bi bh (TP x s))", "s"),
     "VVRelu": ("(VVRelu t)", "t"),
     "VVTanh": ("(VVTanh t)", "t"),
     "VVSigm": ("(VVSigm t)", "t"),
@@ -118,6 +123,7 @@ def analysis_program() -> str:
     rule("(= f (Const c t)) (= u (ty c))", "(union (fout f) u)")
     rule("(= f (Map g n)) (= u (fout g))", "(union (fout f) (TA u n))")
     rule("(= f (Reduce g t)) (= u (fout g))", "(union (fout f) u)")
+    rule("(= f (Fold g (TP a xs)))", "(union (fout f) a)")
     rule("(= f (Linear w b t)) (= u (ty b))", "(union (fout f) u)")
     rule("(= f (LinearNB w t)) (= (TA (TA s k) n) (ty w))", "(union (fout f) (TA s n))")
     # input types: the first Ty argument of a leaf, derived for the combinators

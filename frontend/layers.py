@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, comp, nbytes, ta, tensor_type, ts
+from egraph_rules.ir import T, Term, comp, fout, ta, tensor_type, tp, ts
 
 
 class LayerError(ValueError):
@@ -40,7 +40,10 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "ReLU": ((), {"inplace": False}),
     "Tanh": ((), {}),
     "Sigmoid": ((), {}),
+    "GRUCell": (("input_size", "hidden_size"), {"bias": True}),
+    "LSTMCell": (("input_size", "hidden_size"), {"bias": True}),
 }
+CELLS = {"GRUCell": 3, "LSTMCell": 4}
 ACTIVATIONS = {"ReLU": ("VVRelu", lambda x: np.maximum(x, 0)), "Tanh": ("VVTanh", np.tanh),
                "Sigmoid": ("VVSigm", lambda x: 1 / (1 + np.exp(-x)))}
 
@@ -133,9 +136,97 @@ def _check_size(what: str, *dims: int) -> None:
                          f"{MAX_ELEMENTS} elements liftsat simulates")
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _cell_reference(kind: str, x: np.ndarray, state, w_ih, w_hh, b_ih, b_hh):
+    """PyTorch's documented GRUCell / LSTMCell equations, batched, in float64."""
+    h = state if kind == "GRUCell" else state[0]
+    n_h = h.shape[1]
+    gi, gh = x @ w_ih.T + b_ih, h @ w_hh.T + b_hh
+    if kind == "GRUCell":
+        r = _sigmoid(gi[:, :n_h] + gh[:, :n_h])
+        z = _sigmoid(gi[:, n_h : 2 * n_h] + gh[:, n_h : 2 * n_h])
+        n = np.tanh(gi[:, 2 * n_h :] + r * gh[:, 2 * n_h :])
+        return (1 - z) * n + z * h
+    g = gi + gh
+    i, f = _sigmoid(g[:, :n_h]), _sigmoid(g[:, n_h : 2 * n_h])
+    c2 = f * state[1] + i * np.tanh(g[:, 2 * n_h : 3 * n_h])
+    return np.stack([_sigmoid(g[:, 3 * n_h :]) * np.tanh(c2), c2])
+
+
+class _Builder:
+    """Collects the stages, weights and reference of a layer stack, one layer at a time."""
+
+    def __init__(self, batch: int, feats: int, rng: np.random.Generator, dtype: str):
+        self.batch, self.width, self.feats, self.rng, self.dtype = batch, feats, feats, rng, dtype
+        self.s = ts(dtype)
+        self.env: dict[str, np.ndarray] = {}
+        self.weights: list[str] = []
+        self.stages: list[Term] = []
+        self.macs = self.wbytes = 0
+        self.state: tuple[str, Term, object] | None = None  # (kind, per-row state type, value)
+        self.ref: object = None
+
+    def weight(self, name: str, shape: tuple[int, ...], bound: float) -> Term:
+        self.env[name] = self.rng.uniform(-bound, bound, shape).astype(np.float32)
+        self.weights.append(name)
+        self.wbytes += math.prod(shape) * 4
+        return T("Var", name, tensor_type(self.dtype, shape))
+
+    def linear(self, i: int, spec: LayerSpec, p: dict, ref: np.ndarray) -> np.ndarray:
+        out, width = p["out_features"], self.width
+        _check_size(f"layer {i + 1} {spec}: the weight", out, width)
+        _check_size(f"layer {i + 1} {spec}: the output", self.batch, out)
+        bound = 1 / math.sqrt(width)
+        wv = self.weight(f"W{i}", (out, width), bound)
+        ref = ref @ self.env[f"W{i}"].T.astype(np.float64)
+        if p["bias"]:
+            bv = self.weight(f"b{i}", (out,), bound)
+            ref = ref + self.env[f"b{i}"]
+            self.stages.append(T("Linear", wv, bv, ta(self.s, width)))
+        else:
+            self.stages.append(T("LinearNB", wv, ta(self.s, width)))
+        self.macs += self.batch * out * width
+        self.width = out
+        return ref
+
+    def cell(self, i: int, spec: LayerSpec, p: dict, ref: np.ndarray) -> object:
+        kind, gates = spec.name, CELLS[spec.name]
+        if self.state is not None:
+            raise LayerError(f"layer {i + 1} {spec}: only one recurrent cell per layer stack is supported")
+        if kind == "LSTMCell" and self.batch > 1:
+            raise LayerError(f"layer {i + 1} {spec}: LSTMCell runs at batch 1 for now, got batch {self.batch}")
+        n_i, n_h = p["input_size"], p["hidden_size"]
+        _check_size(f"layer {i + 1} {spec}: the weight", gates * n_h, max(n_i, n_h))
+        bound = 1 / math.sqrt(n_h)
+        ws = [self.weight(f"Wih{i}", (gates * n_h, n_i), bound), self.weight(f"Whh{i}", (gates * n_h, n_h), bound)]
+        for name in (f"bih{i}", f"bhh{i}"):
+            if p["bias"]:
+                ws.append(self.weight(name, (gates * n_h,), bound))
+            else:  # PyTorch's bias=False is a zero bias
+                self.env[name] = np.zeros(gates * n_h, np.float32)
+                ws.append(T("Var", name, ta(self.s, gates * n_h)))
+        h_t = ta(self.s, n_h)
+        state_t = h_t if kind == "GRUCell" else tp(h_t, h_t)
+        states = [self.rng.standard_normal((self.batch, n_h)).astype(np.float32) for _ in range(gates - 2)]
+        value = states[0] if kind == "GRUCell" else tuple(states)
+        self.state = (kind, state_t, value)
+        pair_t = tp(ta(self.s, self.feats), state_t)
+        feed = T("Fork", comp(*reversed(self.stages), T("Fst", pair_t)), T("Snd", pair_t))
+        self.stages = [T("Comp", T(kind, *ws, tp(ta(self.s, n_i), state_t)), feed)]
+        self.macs += self.batch * gates * n_h * (n_i + n_h)
+        self.width = n_h
+        w = [self.env[n].astype(np.float64) for n in (f"Wih{i}", f"Whh{i}", f"bih{i}", f"bhh{i}")]
+        st = states[0] if kind == "GRUCell" else tuple(states)
+        return _cell_reference(kind, ref, st, *w)
+
+
 def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32") -> Model:
-    """Build the program term App(ToOutput . layers, x); batch 1 is a vector program, larger
-    batches map the per-row layer stack over the rows."""
+    """Build the program term App(ToOutput . layers, input). Batch 1 is a vector program; larger
+    batches map the per-row stack over the rows. A recurrent cell's state (h, or (h, c)) is a
+    second input, random like the first; LSTMCell returns (h', c') and must come last."""
     if not layers:
         raise LayerError("no layers given")
     if len(input_shape) != 2:
@@ -145,52 +236,49 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
     batch, feats = input_shape
     _check_size("the input", batch, feats)
     rng = np.random.default_rng(seed)
-    s = ts(dtype)
-    env: dict[str, np.ndarray] = {}
+    b = _Builder(batch, feats, rng, dtype)
     x = rng.standard_normal((batch, feats)).astype(np.float32)
-    ref = x.astype(np.float64)
-    stages: list[Term] = []
-    width, macs, wbytes = feats, 0, 0
-    weights = []
+    ref: object = x.astype(np.float64)
     for i, spec in enumerate(layers):
         p = bind(spec)
+        expects = p.get("in_features", p.get("input_size"))
+        if expects is not None and expects != b.width:
+            raise LayerError(f"layer {i + 1} {spec}: expects {expects} input features, but receives {b.width}")
+        if b.state is not None and b.state[0] == "LSTMCell":
+            raise LayerError(f"layer {i + 1} {spec}: LSTMCell returns (h, c) and must be the last layer")
         if spec.name == "Linear":
-            if p["in_features"] != width:
-                raise LayerError(f"layer {i + 1} {spec}: expects {p['in_features']} input features, "
-                                 f"but receives {width}")
-            out = p["out_features"]
-            _check_size(f"layer {i + 1} {spec}: the weight", out, width)
-            _check_size(f"layer {i + 1} {spec}: the output", batch, out)
-            bound = 1 / math.sqrt(width)
-            w = rng.uniform(-bound, bound, (out, width)).astype(np.float32)
-            wname = f"W{i}"
-            env[wname] = w
-            weights.append(wname)
-            wv = T("Var", wname, tensor_type(dtype, (out, width)))
-            ref = ref @ w.T.astype(np.float64)
-            if p["bias"]:
-                b = rng.uniform(-bound, bound, out).astype(np.float32)
-                env[f"b{i}"] = b
-                weights.append(f"b{i}")
-                ref = ref + b
-                stages.append(T("Linear", wv, T("Var", f"b{i}", ta(s, out)), ta(s, width)))
-            else:
-                stages.append(T("LinearNB", wv, ta(s, width)))
-            macs += batch * out * width
-            wbytes += nbytes(tensor_type(dtype, (out, width))) + (out * 4 if p["bias"] else 0)
-            width = out
+            ref = b.linear(i, spec, p, ref)
+        elif spec.name in CELLS:
+            ref = b.cell(i, spec, p, ref)
         else:
             op, fn = ACTIVATIONS[spec.name]
-            stages.append(T(op, ta(s, width)))
+            b.stages.append(T(op, ta(b.s, b.width)))
             ref = fn(ref)
-    body = comp(*reversed(stages))
-    env["x"] = x if batch > 1 else x[0]
-    if batch == 1:
-        program = comp(T("ToOutput", ta(s, width)), body)
-        xv = T("Var", "x", ta(s, feats))
+    body = comp(*reversed(b.stages))
+    row_out = fout(body)
+    x_row = ta(b.s, feats)
+    env = b.env
+    if b.state is None:
+        env["x"] = x if batch > 1 else x[0]
+        xv = T("Var", "x", x_row if batch == 1 else tensor_type(dtype, (batch, feats)))
     else:
-        program = comp(T("ToOutput", tensor_type(dtype, (batch, width))), T("Map", body, batch))
-        xv = T("Var", "x", tensor_type(dtype, (batch, feats)))
-    io = (batch * feats + batch * width) * 4
-    return Model(list(layers), tuple(input_shape), (batch, width), T("App", program, xv), env,
-                 ref.astype(np.float32), macs, wbytes, io, dtype, weights)
+        kind, state_t, value = b.state
+        env["x"] = x if batch > 1 else x[0]
+        xv_ = T("Var", "x", x_row if batch == 1 else ta(x_row, batch))
+        if kind == "GRUCell":
+            env["h"] = value if batch > 1 else value[0]
+            sv = T("Var", "h", state_t if batch == 1 else ta(state_t, batch))
+        else:
+            env["h"], env["c"] = value[0][0], value[1][0]
+            sv = T("Pair", T("Var", "h", state_t.args[0]), T("Var", "c", state_t.args[1]))
+        xv = T("Pair", xv_, sv) if batch == 1 else T("App", T("Zip", tp(ta(x_row, batch), ta(state_t, batch))),
+                                                     T("Pair", xv_, sv))
+    if batch == 1:
+        program = comp(T("ToOutput", row_out), body)
+    else:
+        program = comp(T("ToOutput", ta(row_out, batch)), T("Map", body, batch))
+    out_shape = (2, batch, b.width) if b.state is not None and b.state[0] == "LSTMCell" else (batch, b.width)
+    io = (batch * feats + math.prod(out_shape)) * 4
+    return Model(list(layers), tuple(input_shape), out_shape, T("App", program, xv), env,
+                 np.asarray(ref, dtype=np.float32), b.macs, b.wbytes, io, dtype, b.weights)
+

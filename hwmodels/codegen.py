@@ -362,16 +362,26 @@ class Codegen:
         return out
 
     def to_dram(self, v: object) -> Buf:
-        if not isinstance(v, Buf):
+        """Write a value to a fresh DRAM buffer (a pair of equal shapes as its two rows); rows
+        are padded to whole native vectors and the returned view drops the padding."""
+        if isinstance(v, PairV):
+            parts = (v.a, v.b)
+            if not all(isinstance(p, Buf) for p in parts) or v.a.shape != v.b.shape:
+                raise CodegenError("only a pair of equally shaped arrays can be written out")
+        elif isinstance(v, Buf):
+            if v.space == "dram":
+                return v
+            parts = (v,)
+        else:
             raise CodegenError(f"cannot write a {type(v).__name__} to DRAM")
-        if v.space == "dram":
-            return v
-        n = self.n
-        padded_last = -(-v.shape[-1] // n) * n
-        out = self.allocate("dram", (*v.shape[:-1], padded_last))
-        src = replace(v, shape=(*v.shape[:-1], padded_last))
-        self.transfer("store", self.t.store_mnemonic, out, src, tile=False)
-        return replace(out, shape=v.shape)
+        shape = parts[0].shape
+        padded = (*shape[:-1], -(-shape[-1] // self.n) * self.n)
+        out = self.allocate("dram", (len(parts), *padded))
+        for k, part in enumerate(parts):
+            dst = _index(out, Affine(k))
+            self.transfer("store", self.t.store_mnemonic, dst, replace(part, shape=padded), tile=False)
+        view = replace(out, shape=(len(parts), *shape))
+        return view if isinstance(v, PairV) else _index(view, Affine(0))
 
 
 def _describe(e: Term) -> str:

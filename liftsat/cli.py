@@ -1,4 +1,5 @@
-"""The command line: `liftsat optimize LAYER... --input BxF --target T`, `liftsat targets`.
+"""The command line: `liftsat optimize LAYER... --input BxF --target T`, `liftsat targets`,
+`liftsat rules`.
 
 Each subcommand is a function from its parsed arguments to the text it prints; `main` turns the
 user errors any of them raises into one line on stderr and exit status 2."""
@@ -16,6 +17,7 @@ from frontend.layers import LayerError, parse_shape
 from hwmodels.codegen import CodegenError
 from hwmodels.simulator import SimulationError
 from liftsat.api import optimize
+from liftsat.rule_table import rule_rows
 from liftsat.targets import BUILTIN, TargetError, get_target, summary
 
 USER_ERRORS = (LayerError, TargetError, IRTypeError, ExtractionError, CodegenError, SimulationError, EGraphError)
@@ -47,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("targets", help="list the built-in targets and their key numbers")
     t.add_argument("--json", action="store_true", help="print a JSON list")
     t.set_defaults(run=_targets)
+    r = sub.add_parser("rules", help="list every rewrite rule: level, side condition, meaning, test")
+    r.add_argument("--target", default="brainwave", help="target whose hardware rules and tile size to list")
+    r.add_argument("--native-dim", type=int, help="native dimension of the target")
+    r.add_argument("--json", action="store_true", help="print a JSON list")
+    r.set_defaults(run=_rules)
     return p
 
 
@@ -95,6 +102,17 @@ def _targets(args: argparse.Namespace) -> str:
         f"  memories  {', '.join(f'{m} {_size(c)}' for m, c in d['memory_bytes'].items())}\n"
         f"  ops       {', '.join(d['ops'])}"
         for d in items)
+
+
+def _rules(args: argparse.Namespace) -> str:
+    """`liftsat rules`: the rule catalogue."""
+    rows = rule_rows([get_target(args.target, args.native_dim)])
+    if args.json:
+        return json.dumps(rows, indent=2)
+    return "\n".join(
+        f"{r['level']:<12} {r['name']}\n  means     {r['meaning']}\n  when      {r['condition']}\n"
+        f"  tested by {r['test']}"
+        for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

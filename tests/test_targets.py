@@ -48,7 +48,7 @@ def test_brainwave_keeps_its_numbers():
     assert t.store_mnemonic == "v_wr" and t.persistent_weights
     timing = {o.mnemonic: (o.unit, o.occupancy, o.latency) for o in t.ops}
     assert timing == {"mv_mul": ("mvu", 8, 24), **{m: ("mfu", 1, 9) for m in
-                                                     ("vv_add", "vv_mul", "v_relu", "v_tanh", "v_sigm")}}
+                                                     ("vv_add", "vv_mul", "vv_a_sub_b", "vv_max", "v_relu", "v_tanh", "v_sigm")}}
     assert get_target("brainwave", 64).op_by_name["bw.mv_mul"].latency == 18
     assert get_target("brainwave", 256).op_by_name["bw.v_relu"].occupancy == 2
 
@@ -227,7 +227,7 @@ def test_targets_lists_the_builtins(capsys):
     assert code == 0 and err == ""
     assert "brainwave: native dim 128, 250 MHz, 2048 MACs/cycle, DRAM 64 B/cycle" in out
     assert "bw.mrf 8 MiB, bw.vrf 1 MiB" in out
-    assert "mv_mul, vv_add, vv_mul, v_relu, v_tanh, v_sigm" in out
+    assert "mv_mul, vv_add, vv_mul, vv_a_sub_b, vv_max, v_relu, v_tanh, v_sigm" in out
     assert "vecmat" not in out
 
 
@@ -238,4 +238,4 @@ def test_targets_json(capsys):
     assert [d["name"] for d in items] == list(BUILTIN)
     assert next(d for d in items if d["name"] == "brainwave") == {"name": "brainwave", "native_dim": 128, "clock_mhz": 250.0, "peak_macs_per_cycle": 2048,
                         "dram_bytes_per_cycle": 64, "memory_bytes": {"bw.mrf": 8 << 20, "bw.vrf": 1 << 20},
-                        "ops": ["mv_mul", "vv_add", "vv_mul", "v_relu", "v_tanh", "v_sigm"]}
+                        "ops": ["mv_mul", "vv_add", "vv_mul", "vv_a_sub_b", "vv_max", "v_relu", "v_tanh", "v_sigm"]}
