@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from egraph_rules.ir import Term, fout, shape_of, ty
+from egraph_rules.ir import Term, comp, fout, shape_of, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.target import OpSpec, Target
 
@@ -106,6 +106,11 @@ def _host(f: Term, v: Buf, dim: int) -> tuple[Term | None, tuple[Affine, ...]]:
     if v.host is None:
         return None, ()
     return Term("App", (_lifted(f, ty(v.host), len(v.hidx) + dim), v.host)), v.hidx
+
+
+def _stages(f: Term) -> list[Term]:
+    """The stages of a composition however it is nested, the one applied last first."""
+    return _stages(f.args[0]) + _stages(f.args[1]) if f.op == "Comp" else [f]
 
 
 def _host_layout(f: Term) -> bool:
@@ -284,11 +289,11 @@ class Codegen:
     def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
         """A loop; the body's re-indexing tail is applied to the whole result array instead,
         so every iteration writes its core result in place."""
-        views: list[Term] = []
-        core = body
-        while core.op == "Comp" and _is_view(core.args[0]):
-            views.append(core.args[0])
-            core = core.args[1]
+        stages = _stages(body)
+        k = 0
+        while k < len(stages) - 1 and _is_view(stages[k]):
+            k += 1
+        views, core = stages[:k], comp(*stages[k:])
         if views and dest is not None:
             raise CodegenError("a Map whose body ends in re-indexing cannot write into a given destination")
         if dest is None:

@@ -76,3 +76,10 @@ def test_gate_products_are_slices_of_one_stacked_product():
     stats = sat.run(Budget(nodes=200_000, iterations=8, seconds=60))
     graph = sat.serialize({"root": m.term, "gate": gate_r, "stacked": stacked_r}, stats)
     assert graph.roots["gate"] == graph.roots["stacked"]
+
+
+def test_a_cell_inside_a_layer_stack():
+    """Layers before the cell feed its input; the cell's output feeds the layers after it."""
+    r = optimize(["Linear(40, 64)", "Tanh()", "GRUCell(64, 32)", "Linear(32, 8)"], (2, 40), native_dim=32)
+    assert r.output_shape == (2, 8)
+    assert r.max_rel_error <= 1e-4
