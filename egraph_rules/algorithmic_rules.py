@@ -100,7 +100,7 @@ def _structural() -> list[Rule]:
 
     a = "algorithmic"
     return [
-        Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a),), "none",
+        Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a, subsume=True),), "none",
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),
         Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",
              "Fork(f, g) . h = Fork(f . h, g . h)", ex_fork_dist),

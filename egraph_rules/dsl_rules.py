@@ -61,12 +61,7 @@ def _gru_rhs() -> str:
     r = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(0, x), c.gate_h(0, h)))
     z = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(1, x), c.gate_h(1, h)))
     n = c.op1("VVTanh", c.op2("VVAdd", c.gate_in(2, x), c.op2("VVMul", r, c.gate_h(2, h))))
-    # h' = n + z * (h - n), with n computed once: q = ((n, z), h)
-    vv = f"(TP {c.v} {c.v})"
-    q = f"(TP {vv} {c.v})"
-    n_q, z_q, h_q = f"(Comp (Fst {vv}) (Fst {q}))", f"(Comp (Snd {vv}) (Fst {q}))", f"(Snd {q})"
-    out = c.op2("VVAdd", n_q, c.op2("VVMul", z_q, c.op2("VVSub", h_q, n_q)))
-    return f"(Comp {out} (Fork (Fork {n} {z}) {h}))"
+    return c.op2("VVAdd", n, c.op2("VVMul", z, c.op2("VVSub", h, n)))
 
 
 def _lstm_rhs() -> str:
@@ -77,10 +72,7 @@ def _lstm_rhs() -> str:
     g = [c.op2("VVAdd", c.gate_in(k, x), c.gate_h(k, h)) for k in range(4)]
     i, f, cand, o = c.op1("VVSigm", g[0]), c.op1("VVSigm", g[1]), c.op1("VVTanh", g[2]), c.op1("VVSigm", g[3])
     c2 = c.op2("VVAdd", c.op2("VVMul", f, cc), c.op2("VVMul", i, cand))
-    # (h', c') = (o * tanh(c'), c'), with c' computed once: q = (c', o)
-    vv = f"(TP {c.v} {c.v})"
-    h2 = f"(Comp (VVMul {vv}) (Fork (Snd {vv}) (Comp (VVTanh {c.v}) (Fst {vv}))))"
-    return f"(Comp (Fork {h2} (Fst {vv})) (Fork {c2} {o}))"
+    return f"(Fork {c.op2('VVMul', o, c.op1('VVTanh', c2))} {c2})"
 
 
 def _cell_example(op: str):
@@ -127,7 +119,8 @@ def dsl_rules() -> list[Rule]:
             "dsl",
             (rewrite("(GRUCell wi wh bi bh (TP (TA s ni) (TA s nh)))", _gru_rhs(), "dsl"),),
             "none",
-            "GRUCell = r, z, n gates from row blocks of the stacked weights; h' = n + z (h - n)",
+            "GRUCell = r, z, n gates from row blocks of the stacked weights; h' = n + z (h - n) "
+            "(n appears twice: one e-class, computed once by codegen)",
             _cell_example("GRUCell"),
         ),
         Rule(

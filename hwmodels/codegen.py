@@ -143,6 +143,7 @@ class Codegen:
         self.block: Block = []
         self.nvars = 0
         self.data_cache: dict[Term, object] = {}
+        self.shared: dict[tuple[Term, object], object] = {}
 
     # ------------------------------------------------------------ memory
 
@@ -248,7 +249,17 @@ class Codegen:
         self.data_cache[e] = v
         return v
 
-    def apply(self, f: Term, v: object, dest: Buf | None = None) -> object:  # noqa: C901 - a table
+    def apply(self, f: Term, v: object, dest: Buf | None = None) -> object:
+        """Compile f applied to v (into dest when given); the same function applied to the same
+        value is compiled once (the extracted term is a tree, the program shares)."""
+        if dest is not None:
+            return self._apply(f, v, dest)
+        key = (f, v)
+        if key not in self.shared:
+            self.shared[key] = self._apply(f, v, None)
+        return self.shared[key]
+
+    def _apply(self, f: Term, v: object, dest: Buf | None) -> object:  # noqa: C901 - a table
         op, a = f.op, f.args
         if _is_view(f) and isinstance(v, Buf):
             return _view(f, v, 0)
