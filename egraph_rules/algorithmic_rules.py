@@ -82,6 +82,10 @@ def _structural() -> list[Rule]:
     def ex_app_id(rng):
         return T("App", T("Id", _v(3)), _var("x", _v(3)))
 
+    def ex_map_fusion(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("Map", T("VVRelu", _v(n)), m), T("Map", T("VVTanh", _v(n)), m))
+
     def ex_fold(rng):
         n, k = _pick(rng, 1, 4), _pick(rng, 1, 3)
         return T("Comp", T("Split", k, _v(n * k)), T("Const", _var("W", _v(n * k)), _v(2)))
@@ -120,6 +124,8 @@ def _structural() -> list[Rule]:
              "none", "Split k . Join = Id on arrays of k-element rows", ex_split_join),
         Rule("join-split", a, chain_rewrites(["(Join (TA (TA e k) m))", "(Split k t)"], ["(Id t)"], a),
              "none", "Join . Split k = Id", ex_join_split),
+        Rule("map-fusion", a, chain_rewrites(["(Map f n)", "(Map g n)"], ["(Map (Comp f g) n)"], a),
+             "none", "Map f . Map g = Map (f . g): one loop instead of two", ex_map_fusion),
         Rule("fold-view-into-const", a, (rewrite("(Comp f (Const c t))", "(Const (App f c) t)", a, ["(isview f)"]),),
              "f only re-indexes", "view . Const c = Const (view c): re-indexing a constant is a constant", ex_fold),
         Rule("fold-pad-into-const", a,
