@@ -303,18 +303,20 @@ def _movement() -> list[Rule]:
         return T("Reduce", op, T("TA", _v(n), m))
 
     hoist = []
-    for pos in ("Fst", "Snd"):
-        moved_branch = "(Comp (ToChip sp a) x)"
-        fork_l = f"(Fork {moved_branch} h)" if pos == "Fst" else f"(Fork h {moved_branch})"
-        fork_r = "(Fork x h)" if pos == "Fst" else "(Fork h x)"
-        elem_t = "a0" if pos == "Fst" else "b0"
-        move = f"(Comp (ToChip sp {elem_t}) ({pos} (TP a0 b0)))"
-        only = f"(Fork {move} (Snd (TP a0 b0)))" if pos == "Fst" else f"(Fork (Fst (TP a0 b0)) {move})"
-        for depth in range(HOIST_DEPTH + 1):
-            prefix = [f"p{i}" for i in range(depth)]
-            hoist.append(rewrite(f"(Map {chain(prefix, fork_l)} n)",
-                                 f"(Comp (Map {chain(prefix, fork_r)} n) (Map {only} n))", a,
-                                 ["(isview x)", "(= (TP a0 b0) (fin x))"]))
+    for branch in ("left", "right"):
+        for part in ("Fst", "Snd"):
+            moved = "(Comp (ToChip sp a) x)"
+            fork_l = f"(Fork {moved} h)" if branch == "left" else f"(Fork h {moved})"
+            fork_r = "(Fork x h)" if branch == "left" else "(Fork h x)"
+            elem_t = "a0" if part == "Fst" else "b0"
+            move = f"(Comp (ToChip sp {elem_t}) ({part} (TP a0 b0)))"
+            only = f"(Fork {move} (Snd (TP a0 b0)))" if part == "Fst" else f"(Fork (Fst (TP a0 b0)) {move})"
+            reads = "(readsfst x)" if part == "Fst" else "(readssnd x)"
+            for depth in range(HOIST_DEPTH + 1):
+                prefix = [f"p{i}" for i in range(depth)]
+                hoist.append(rewrite(f"(Map {chain(prefix, fork_l)} n)",
+                                     f"(Comp (Map {chain(prefix, fork_r)} n) (Map {only} n))", a,
+                                     [reads, "(= (TP a0 b0) (fin x))"]))
     through = []
     for src in ("Zip", "DistR"):
         for pos in ("Fst", "Snd"):
@@ -344,9 +346,9 @@ def _movement() -> list[Rule]:
         ), "v only re-indexes (Split, Join, Transpose, Zip, DistR, Slice, maps of these)",
              "moving a re-indexed value = re-indexing the moved value", ex_view),
         Rule("tochip-hoist-from-map", a, tuple(hoist),
-             f"the moved branch only re-indexes the element; at most {HOIST_DEPTH} stages after the move",
-             "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)): "
-             "a move inside a loop body becomes a move of the whole array before the loop",
+             f"the moved branch only re-indexes one part of the element; at most {HOIST_DEPTH} stages after it",
+             "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)) (and "
+             "for Snd, either branch): a move inside a loop body becomes a move of the whole array before the loop",
              ex_hoist, ex_hoist_snd),
         Rule("move-stage-idempotent", a, (
             rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),

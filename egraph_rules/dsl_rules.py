@@ -19,6 +19,11 @@ def _linear_example(rng: np.random.Generator) -> Term:
     return T("Linear", w, b, ta(ts("f32"), k))
 
 
+def _mmmul_example(rng: np.random.Generator) -> Term:
+    m, k, n = (int(rng.integers(1, 6)) for _ in range(3))
+    return T("MMMul", T("TP", tensor_type("f32", (m, k)), tensor_type("f32", (k, n))))
+
+
 def _linear_nb_example(rng: np.random.Generator) -> Term:
     n, k = _dims(rng)
     return T("LinearNB", T("Var", "W", tensor_type("f32", (n, k))), ta(ts("f32"), k))
@@ -113,6 +118,19 @@ def dsl_rules() -> list[Rule]:
             "none",
             "Linear(W, bias=False) x = MVMul(W, x)",
             _linear_nb_example,
+        ),
+        Rule(
+            "mmmul-to-mvmul-rows",
+            "dsl",
+            (rewrite(
+                "(MMMul (TP (TA (TA s k) m) (TA (TA s n) k)))",
+                "(Comp (Map (Comp (MVMul (TP (TA (TA s k) n) (TA s k))) (Fork (Comp (Transpose (TA (TA s n) k)) "
+                "(Snd (TP (TA s k) (TA (TA s n) k)))) (Fst (TP (TA s k) (TA (TA s n) k))))) m) "
+                "(DistR (TP (TA (TA s k) m) (TA (TA s n) k))))",
+                "dsl"),),
+            "none",
+            "A . B = Map over the rows a of A of MVMul(transpose B, a): a GEMM is matrix-vector products",
+            _mmmul_example,
         ),
         Rule(
             "grucell-to-gates",

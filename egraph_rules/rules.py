@@ -109,6 +109,8 @@ def analysis_program() -> str:
         "(relation isview (F))",
         "(relation reindex (F))",
         "(relation ismove (F))",
+        "(relation readsfst (F))",
+        "(relation readssnd (F))",
         "(relation inspace (F String))",
         "(ruleset analysis)",
     ]
@@ -140,14 +142,22 @@ def analysis_program() -> str:
     rule("(= e (App f x)) (= t (fout f))", "(union (ty e) t)")
     rule("(= e (Pair a b)) (= t (ty a)) (= u (ty b))", "(union (ty e) (TP t u))")
     # views: functions that only re-index their input
-    for name in ("Split", "Join", "Transpose", "Zip", "DistR", "Slice"):
+    # re-indexings a move commutes with without changing the on-chip layout the device reads
+    # (a Transpose does change it, so moves do not pass it)
+    for name in ("Split", "Join", "Zip", "DistR", "Slice"):
         vars_ = " ".join(f"x{i}" for i in range(len(SCHEMA[name][1])))
         rule(f"(= f ({name} {vars_}))", "(reindex f)")
+    rule("(= f (Transpose t))", "(isview f)")
     rule("(= f (Map g n)) (reindex g)", "(reindex f)")
     rule("(= f (Comp g h)) (reindex g) (reindex h)", "(reindex f)")
     for name in ("Fst", "Snd", "Id"):
         rule(f"(= f ({name} t))", "(isview f)")
     rule("(reindex f)", "(isview f)")
+    # views that read only the first / second part of a pair
+    rule("(= f (Fst t))", "(readsfst f)")
+    rule("(= f (Snd t))", "(readssnd f)")
+    rule("(= f (Comp v g)) (isview v) (readsfst g)", "(readsfst f)")
+    rule("(= f (Comp v g)) (isview v) (readssnd g)", "(readssnd f)")
     # stages that only move one part of a pair on chip
     rule("(= f (Fork (Comp (ToChip sp a) (Fst t)) (Snd t)))", "(ismove f)")
     rule("(= f (Fork (Fst t) (Comp (ToChip sp b) (Snd t))))", "(ismove f)")

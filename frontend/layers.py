@@ -40,6 +40,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "ReLU": ((), {"inplace": False}),
     "Tanh": ((), {}),
     "Sigmoid": ((), {}),
+    "MatMul": (("in_features", "out_features"), {"a_t": False, "b_t": False}),
     "GRUCell": (("input_size", "hidden_size"), {"bias": True}),
     "LSTMCell": (("input_size", "hidden_size"), {"bias": True}),
 }
@@ -223,6 +224,35 @@ class _Builder:
         return _cell_reference(kind, ref, st, *w)
 
 
+def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generator, dtype: str) -> Model:
+    """C = op(A) . op(B) (DeepBench's convention): A is the input, stored K x M when a_t; B is a
+    weight, stored N x K when b_t."""
+    p = bind(spec)
+    k, n = p["in_features"], p["out_features"]
+    if (stored[0] if p["a_t"] else stored[1]) != k:
+        raise LayerError(f"{spec}: input stored as {stored[0]}x{stored[1]} has no dimension of "
+                         f"{k} features where {'a_t' if p['a_t'] else 'the layout'} puts it")
+    m = stored[1] if p["a_t"] else stored[0]
+    b_stored = (n, k) if p["b_t"] else (k, n)
+    _check_size(f"{spec}: the weight", *b_stored)
+    _check_size(f"{spec}: the output", m, n)
+    x = rng.standard_normal(stored).astype(np.float32)
+    w = rng.uniform(-1 / math.sqrt(k), 1 / math.sqrt(k), b_stored).astype(np.float32)
+    ta_, tb = tensor_type(dtype, (m, k)), tensor_type(dtype, (k, n))
+    a_term = T("Var", "x", tensor_type(dtype, stored))
+    b_term = T("Var", "B", tensor_type(dtype, b_stored))
+    if p["a_t"]:
+        a_term = T("App", T("Transpose", tensor_type(dtype, stored)), a_term)
+    if p["b_t"]:
+        b_term = T("App", T("Transpose", tensor_type(dtype, b_stored)), b_term)
+    program = comp(T("ToOutput", tensor_type(dtype, (m, n))), T("MMMul", tp(ta_, tb)),
+                   T("Fork", T("Id", ta_), T("Const", b_term, ta_)))
+    a64, b64 = x.astype(np.float64), w.astype(np.float64)
+    ref = (a64.T if p["a_t"] else a64) @ (b64.T if p["b_t"] else b64)
+    return Model([spec], stored, (m, n), T("App", program, a_term), {"x": x, "B": w},
+                 ref.astype(np.float32), m * n * k, k * n * 4, (m * k + m * n) * 4, dtype, ["B"])
+
+
 def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32") -> Model:
     """Build the program term App(ToOutput . layers, input). Batch 1 is a vector program; larger
     batches map the per-row stack over the rows. A recurrent cell's state (h, or (h, c)) is a
@@ -236,6 +266,10 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
     batch, feats = input_shape
     _check_size("the input", batch, feats)
     rng = np.random.default_rng(seed)
+    if any(spec.name == "MatMul" for spec in layers):
+        if len(layers) != 1:
+            raise LayerError("MatMul (a GEMM) must be the only layer")
+        return _gemm_model(layers[0], (batch, feats), rng, dtype)
     b = _Builder(batch, feats, rng, dtype)
     x = rng.standard_normal((batch, feats)).astype(np.float32)
     ref: object = x.astype(np.float64)

@@ -163,6 +163,18 @@ class Codegen:
             acc *= d
         return Buf(space, Affine(base), tuple(shape), tuple(reversed(strides)))
 
+    def host_copy(self, v: Buf) -> Buf:
+        """A contiguous host layout of a (strided) view of host data, indexed like the view."""
+        out: object = self.host_buffer(v.host, ty(v.host), f"contiguous {_describe(v.host)}")
+        for i in v.hidx:
+            out = _index(out, i)
+        return out
+
+    def _loadable(self, v: Buf, tile: bool) -> bool:
+        """Whether the DMA can move this view in native vectors or tiles (unit-stride rows)."""
+        rows_ok = len(v.shape) >= (2 if tile else 1) and v.strides[-1] == 1
+        return rows_ok and (not tile or v.strides[-2] >= v.shape[-1])
+
     def host_buffer(self, expr: Term, t: Term, what: str) -> Buf:
         shape = shape_of(t)
         buf = self.allocate("dram", shape)
@@ -372,6 +384,8 @@ class Codegen:
             return v
         if v.space != "dram":
             raise CodegenError(f"moving data from {v.space} to {space} is not supported")
+        if v.host is not None and not self._loadable(v, self.t.memories[space].load_unit == "tile"):
+            v = self.host_copy(v)
         out = dest if dest is not None else self.allocate(space, v.shape)
         mem = self.t.memories[space]
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile")

@@ -1,0 +1,34 @@
+"""GEMM in DeepBench's convention (C = op(A) . op(B), either operand stored transposed): the
+frontend layer, its errors, and runs on brainwave."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontend.layers import LayerError, build_model, parse_layer
+from liftsat.api import optimize
+
+
+@pytest.mark.parametrize("layer, stored", [
+    ("MatMul(64, 32)", (5, 64)),
+    ("MatMul(64, 32, a_t=True)", (64, 5)),
+    ("MatMul(64, 32, b_t=True)", (5, 64)),
+    ("MatMul(64, 32, a_t=True, b_t=True)", (64, 3)),
+])
+def test_gemm_with_either_operand_transposed_runs_on_brainwave(layer, stored):
+    r = optimize([layer], stored, native_dim=32)
+    rows = stored[1] if "a_t=True" in layer else stored[0]
+    assert r.output_shape == (rows, 32)
+    assert r.max_rel_error <= 1e-4
+    assert r.ops["mv_mul"] > 0
+
+
+@pytest.mark.parametrize("layers, stored, message", [
+    (["MatMul(64, 32)", "ReLU()"], (5, 64), "must be the only layer"),
+    (["MatMul(64, 32)"], (5, 60), "no dimension of 64 features"),
+    (["MatMul(64, 32, a_t=True)"], (5, 64), "no dimension of 64 features"),
+    (["MatMul(64, 32, a_t=1)"], (64, 5), "a_t must be True or False"),
+])
+def test_bad_gemms_are_named(layers, stored, message):
+    with pytest.raises(LayerError, match=message):
+        build_model([parse_layer(s) for s in layers], stored)
