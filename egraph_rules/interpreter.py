@@ -71,6 +71,33 @@ def lstm_cell(w_ih, w_hh, b_ih, b_hh, x, h, c):
     return (o * np.tanh(c2), c2)
 
 
+def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
+    """f applied at dimension `axis` of an array, for functions that only re-lay data out
+    (vectorized: the host prepares large weights this way); None where f is not one of them."""
+    op, a = f.op, f.args
+    sh = x.shape
+    if op == "Split":
+        return x.reshape(*sh[:axis], sh[axis] // a[0], a[0], *sh[axis + 1 :])
+    if op == "Join":
+        return x.reshape(*sh[:axis], sh[axis] * sh[axis + 1], *sh[axis + 2 :])
+    if op == "Transpose":
+        return np.swapaxes(x, axis, axis + 1)
+    if op == "Pad":
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (a[0], a[1])
+        return np.pad(x, widths)
+    if op == "Slice":
+        return x[(slice(None),) * axis + (slice(a[0], a[0] + a[1]),)]
+    if op in ("Id", "ToChip", "ToDram", "ToOutput"):
+        return x
+    if op == "Map":
+        return _layout(a[0], x, axis + 1)
+    if op == "Comp":
+        inner = _layout(a[1], x, axis)
+        return None if inner is None else _layout(a[0], inner, axis)
+    return None
+
+
 class Interpreter:
     """Evaluates terms given values for the named variables and meanings for device ops."""
 
@@ -93,6 +120,10 @@ class Interpreter:
     def apply(self, f: Term, x: Value) -> Value:  # noqa: C901 - one case per constructor
         """Apply function term f to value x."""
         op, a = f.op, f.args
+        if isinstance(x, np.ndarray):
+            fast = _layout(f, x, 0)
+            if fast is not None:
+                return fast
         if op in ("Id", "ToChip", "ToDram", "ToOutput"):
             return x
         if op == "Comp":
