@@ -119,7 +119,7 @@ class Model:
     output_shape: tuple[int, ...]
     term: Term
     env: dict[str, np.ndarray]
-    reference: np.ndarray
+    reference: np.ndarray | None
     macs: int
     weight_bytes: int
     io_bytes: int
@@ -160,7 +160,8 @@ def _cell_reference(kind: str, x: np.ndarray, state, w_ih, w_hh, b_ih, b_hh):
 class _Builder:
     """Collects the stages, weights and reference of a layer stack, one layer at a time."""
 
-    def __init__(self, batch: int, feats: int, rng: np.random.Generator, dtype: str):
+    def __init__(self, batch: int, feats: int, rng: np.random.Generator | None, dtype: str):
+        """rng None: build the term only, with no values (for compile-time studies)."""
         self.batch, self.width, self.feats, self.rng, self.dtype = batch, feats, feats, rng, dtype
         self.s = ts(dtype)
         self.env: dict[str, np.ndarray] = {}
@@ -168,10 +169,10 @@ class _Builder:
         self.stages: list[Term] = []
         self.macs = self.wbytes = 0
         self.state: tuple[str, Term, object] | None = None  # (kind, per-row state type, value)
-        self.ref: object = None
 
     def weight(self, name: str, shape: tuple[int, ...], bound: float) -> Term:
-        self.env[name] = self.rng.uniform(-bound, bound, shape).astype(np.float32)
+        if self.rng is not None:
+            self.env[name] = self.rng.uniform(-bound, bound, shape).astype(np.float32)
         self.weights.append(name)
         self.wbytes += math.prod(shape) * 4
         return T("Var", name, tensor_type(self.dtype, shape))
@@ -182,10 +183,12 @@ class _Builder:
         _check_size(f"layer {i + 1} {spec}: the output", self.batch, out)
         bound = 1 / math.sqrt(width)
         wv = self.weight(f"W{i}", (out, width), bound)
-        ref = ref @ self.env[f"W{i}"].T.astype(np.float64)
+        if ref is not None:
+            ref = ref @ self.env[f"W{i}"].T.astype(np.float64)
         if p["bias"]:
             bv = self.weight(f"b{i}", (out,), bound)
-            ref = ref + self.env[f"b{i}"]
+            if ref is not None:
+                ref = ref + self.env[f"b{i}"]
             self.stages.append(T("Linear", wv, bv, ta(self.s, width)))
         else:
             self.stages.append(T("LinearNB", wv, ta(self.s, width)))
@@ -207,11 +210,13 @@ class _Builder:
             if p["bias"]:
                 ws.append(self.weight(name, (gates * n_h,), bound))
             else:  # PyTorch's bias=False is a zero bias
-                self.env[name] = np.zeros(gates * n_h, np.float32)
+                if self.rng is not None:
+                    self.env[name] = np.zeros(gates * n_h, np.float32)
                 ws.append(T("Var", name, ta(self.s, gates * n_h)))
         h_t = ta(self.s, n_h)
         state_t = h_t if kind == "GRUCell" else tp(h_t, h_t)
-        states = [self.rng.standard_normal((self.batch, n_h)).astype(np.float32) for _ in range(gates - 2)]
+        states = [self.rng.standard_normal((self.batch, n_h)).astype(np.float32) if self.rng is not None else None
+                  for _ in range(gates - 2)]
         value = states[0] if kind == "GRUCell" else tuple(states)
         self.state = (kind, state_t, value)
         pair_t = tp(ta(self.s, self.feats), state_t)
@@ -219,12 +224,13 @@ class _Builder:
         self.stages = [T("Comp", T(kind, *ws, tp(ta(self.s, n_i), state_t)), feed)]
         self.macs += self.batch * gates * n_h * (n_i + n_h)
         self.width = n_h
+        if ref is None:
+            return None
         w = [self.env[n].astype(np.float64) for n in (f"Wih{i}", f"Whh{i}", f"bih{i}", f"bhh{i}")]
-        st = states[0] if kind == "GRUCell" else tuple(states)
-        return _cell_reference(kind, ref, st, *w)
+        return _cell_reference(kind, ref, value, *w)
 
 
-def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generator, dtype: str) -> Model:
+def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generator | None, dtype: str) -> Model:
     """C = op(A) . op(B) (DeepBench's convention): A is the input, stored K x M when a_t; B is a
     weight, stored N x K when b_t."""
     p = bind(spec)
@@ -236,8 +242,6 @@ def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generat
     b_stored = (n, k) if p["b_t"] else (k, n)
     _check_size(f"{spec}: the weight", *b_stored)
     _check_size(f"{spec}: the output", m, n)
-    x = rng.standard_normal(stored).astype(np.float32)
-    w = rng.uniform(-1 / math.sqrt(k), 1 / math.sqrt(k), b_stored).astype(np.float32)
     ta_, tb = tensor_type(dtype, (m, k)), tensor_type(dtype, (k, n))
     a_term = T("Var", "x", tensor_type(dtype, stored))
     b_term = T("Var", "B", tensor_type(dtype, b_stored))
@@ -247,13 +251,19 @@ def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generat
         b_term = T("App", T("Transpose", tensor_type(dtype, b_stored)), b_term)
     program = comp(T("ToOutput", tensor_type(dtype, (m, n))), T("MMMul", tp(ta_, tb)),
                    T("Fork", T("Id", ta_), T("Const", b_term, ta_)))
-    a64, b64 = x.astype(np.float64), w.astype(np.float64)
-    ref = (a64.T if p["a_t"] else a64) @ (b64.T if p["b_t"] else b64)
-    return Model([spec], stored, (m, n), T("App", program, a_term), {"x": x, "B": w},
-                 ref.astype(np.float32), m * n * k, k * n * 4, (m * k + m * n) * 4, dtype, ["B"])
+    env: dict[str, np.ndarray] = {}
+    ref = None
+    if rng is not None:
+        env = {"x": rng.standard_normal(stored).astype(np.float32),
+               "B": rng.uniform(-1 / math.sqrt(k), 1 / math.sqrt(k), b_stored).astype(np.float32)}
+        a64, b64 = env["x"].astype(np.float64), env["B"].astype(np.float64)
+        ref = ((a64.T if p["a_t"] else a64) @ (b64.T if p["b_t"] else b64)).astype(np.float32)
+    return Model([spec], stored, (m, n), T("App", program, a_term), env, ref, m * n * k, k * n * 4,
+                 (m * k + m * n) * 4, dtype, ["B"])
 
 
-def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32") -> Model:
+def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
+                values: bool = True) -> Model:
     """Build the program term App(ToOutput . layers, input). Batch 1 is a vector program; larger
     batches map the per-row stack over the rows. A recurrent cell's state (h, or (h, c)) is a
     second input, random like the first; LSTMCell returns (h', c') and must come last."""
@@ -265,14 +275,14 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
         raise LayerError(f"seed must be a non-negative integer, got {seed!r}")
     batch, feats = input_shape
     _check_size("the input", batch, feats)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed) if values else None
     if any(spec.name == "MatMul" for spec in layers):
         if len(layers) != 1:
             raise LayerError("MatMul (a GEMM) must be the only layer")
         return _gemm_model(layers[0], (batch, feats), rng, dtype)
     b = _Builder(batch, feats, rng, dtype)
-    x = rng.standard_normal((batch, feats)).astype(np.float32)
-    ref: object = x.astype(np.float64)
+    x = rng.standard_normal((batch, feats)).astype(np.float32) if rng is not None else None
+    ref: object = x.astype(np.float64) if x is not None else None
     for i, spec in enumerate(layers):
         p = bind(spec)
         expects = p.get("in_features", p.get("input_size"))
@@ -287,23 +297,25 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
         else:
             op, fn = ACTIVATIONS[spec.name]
             b.stages.append(T(op, ta(b.s, b.width)))
-            ref = fn(ref)
+            ref = fn(ref) if ref is not None else None
     body = comp(*reversed(b.stages))
     row_out = fout(body)
     x_row = ta(b.s, feats)
     env = b.env
-    if b.state is None:
+    if x is not None:
         env["x"] = x if batch > 1 else x[0]
+    if b.state is None:
         xv = T("Var", "x", x_row if batch == 1 else tensor_type(dtype, (batch, feats)))
     else:
         kind, state_t, value = b.state
-        env["x"] = x if batch > 1 else x[0]
         xv_ = T("Var", "x", x_row if batch == 1 else ta(x_row, batch))
         if kind == "GRUCell":
-            env["h"] = value if batch > 1 else value[0]
+            if x is not None:
+                env["h"] = value if batch > 1 else value[0]
             sv = T("Var", "h", state_t if batch == 1 else ta(state_t, batch))
         else:
-            env["h"], env["c"] = value[0][0], value[1][0]
+            if x is not None:
+                env["h"], env["c"] = value[0][0], value[1][0]
             sv = T("Pair", T("Var", "h", state_t.args[0]), T("Var", "c", state_t.args[1]))
         xv = T("Pair", xv_, sv) if batch == 1 else T("App", T("Zip", tp(ta(x_row, batch), ta(state_t, batch))),
                                                      T("Pair", xv_, sv))
@@ -313,6 +325,7 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
         program = comp(T("ToOutput", ta(row_out, batch)), T("Map", body, batch))
     out_shape = (2, batch, b.width) if b.state is not None and b.state[0] == "LSTMCell" else (batch, b.width)
     io = (batch * feats + math.prod(out_shape)) * 4
+    reference = np.asarray(ref, dtype=np.float32) if ref is not None else None
     return Model(list(layers), tuple(input_shape), out_shape, T("App", program, xv), env,
-                 np.asarray(ref, dtype=np.float32), b.macs, b.wbytes, io, dtype, b.weights)
+                 reference, b.macs, b.wbytes, io, dtype, b.weights)
 

@@ -13,7 +13,7 @@ from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.ir import Term
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator, SaturationStats
-from extraction.greedy import ExtractionError, extract_greedy
+from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from frontend.layers import LayerSpec, Model, build_model, parse_layer
 from hwmodels.codegen import generate
 from hwmodels.isa import Program
@@ -109,25 +109,31 @@ class Result:
         }
 
 
+def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tuple[SaturationStats, Extracted, float]:
+    """Saturate a program term with every rule level for the target, extract its cheapest
+    program; returns the saturation figures, the extracted program and the extraction seconds."""
+    sat = Saturator(rules_for([target]))
+    sat.add("root", term)
+    stats = sat.run(budget or Budget())
+    graph = sat.serialize({"root": term}, stats)
+    t0 = time.perf_counter()
+    try:
+        best = extract_greedy(graph, graph.roots["root"], target.cost_model())
+    except ExtractionError as exc:
+        if stats.saturated:
+            raise ExtractionError(f"{exc} on {target.name}: the rules cover no device program for it") from None
+        raise ExtractionError(f"{exc} on {target.name} before saturation stopped ({stats.stop_reason}); "
+                              f"a larger budget may find one") from None
+    return stats, best, time.perf_counter() - t0
+
+
 def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target: str | Target = "brainwave",
              *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None) -> Result:
     """Compile a layer stack for a target by equality saturation, simulate it, check it."""
     tgt = target if isinstance(target, Target) else get_target(target, native_dim)
     specs = [parse_layer(s) if isinstance(s, str) else s for s in layers]
     model = build_model(specs, tuple(input_shape), seed=seed)
-    sat = Saturator(rules_for([tgt]))
-    sat.add("root", model.term)
-    stats = sat.run(budget or Budget())
-    graph = sat.serialize({"root": model.term}, stats)
-    t0 = time.perf_counter()
-    try:
-        best = extract_greedy(graph, graph.roots["root"], tgt.cost_model())
-    except ExtractionError as exc:
-        if stats.saturated:
-            raise ExtractionError(f"{exc} on {tgt.name}: the rules cover no device program for it") from None
-        raise ExtractionError(f"{exc} on {tgt.name} before saturation stopped ({stats.stop_reason}); "
-                              f"a larger budget may find one") from None
-    extract_seconds = time.perf_counter() - t0
+    stats, best, extract_seconds = compile_term(model.term, tgt, budget)
     program = generate(best.term, tgt)
     run = simulate(program, tgt.native_dim, model.env, functional=True)
     timing = simulate(program, tgt.native_dim, None, functional=False)

@@ -1,0 +1,106 @@
+"""Benchmark: e-graph budget for DeepBench layers (GEMM; RNN cells, one time step) and the AlexNet
+classifier layers, on brainwave: e-nodes, e-classes, iterations, saturated or why it stopped,
+saturation and extraction seconds, and the cost model's prediction.
+
+Why: every layer must stop within 50,000 e-nodes and 2 s of saturation on this 2-core machine,
+and the e-graph must not grow with the layer's size (loops are symbolic). Where a layer does not
+saturate, the rules that matched most say what drives the growth. Only compilation is measured
+(terms are built without weight values; nothing is simulated), so the full DeepBench sizes run.
+Convolution layers are listed as not supported until Conv2d lands.
+
+Sizes come from benchmarks/deepbench.toml (DeepBench's kernels/*_problems.h, public facts).
+
+Usage: python benchmarks/deepbench.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import tomllib
+from pathlib import Path
+
+from frontend.layers import LayerError, build_model, parse_layer
+from liftsat.api import compile_term
+from liftsat.targets import get_target
+
+SIZES = Path(__file__).with_name("deepbench.toml")
+NODE_BUDGET, SECONDS_BUDGET = 50_000, 2.0
+ALEXNET_CLASSIFIER = [("alexnet fc6", "Linear(9216, 4096)", 9216), ("alexnet fc7", "Linear(4096, 4096)", 4096),
+                      ("alexnet fc8", "Linear(4096, 1000)", 4096)]
+
+
+def layers() -> list[tuple[str, list[str], tuple[int, int] | None]]:
+    """(name, layer specs, input shape) for every row; shape None marks an unsupported row."""
+    db = tomllib.loads(SIZES.read_text())
+    rows: list[tuple[str, list[str], tuple[int, int] | None]] = []
+    for suite, problems in db["gemm"].items():
+        for m, n, k, a_t, b_t in problems:
+            # DeepBench: C = op(A) op(B), A the weights; liftsat's MatMul is input . weight,
+            # so C^T = op(B)^T op(A)^T
+            spec = f"MatMul({k}, {m}, a_t={not b_t}, b_t={not a_t})"
+            rows.append((f"gemm {suite} {m}x{n}x{k}", [spec], (k, n) if not b_t else (n, k)))
+    for suite, problems in db["rnn"].items():
+        cell = "GRUCell" if suite.startswith("gru") else "LSTMCell" if suite.startswith("lstm") else None
+        for hidden, batch, _steps in problems:
+            supported = cell is not None and (cell == "GRUCell" or batch == 1)
+            rows.append((f"rnn {suite} h{hidden} b{batch}", [f"{cell or 'RNNCell'}({hidden}, {hidden})"],
+                         (batch, hidden) if supported else None))
+    for suite, problems in db["conv"].items():
+        for p in problems:
+            rows.append((f"conv {suite} {'x'.join(map(str, p[:7]))}", ["Conv2d"], None))
+    rows += [(name, [spec], (1, fin)) for name, spec, fin in ALEXNET_CLASSIFIER]
+    return rows
+
+
+def measure(specs: list[str], shape: tuple[int, int]) -> dict:
+    model = build_model([parse_layer(s) for s in specs], shape, values=False)
+    stats, best, extract_s = compile_term(model.term, get_target("brainwave"))
+    top = sorted(stats.matches_per_rule.items(), key=lambda kv: -kv[1])[:3]
+    return {"enodes": stats.enodes, "eclasses": stats.eclasses, "iterations": stats.iterations,
+            "stop": stats.stop_reason, "saturation_s": stats.seconds, "extraction_s": extract_s,
+            "predicted_cycles": best.cycles, "within_budget": stats.enodes <= NODE_BUDGET
+            and stats.seconds <= SECONDS_BUDGET,
+            "growth": "" if stats.saturated else ", ".join(f"{r} ({n})" for r, n in top)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    args = ap.parse_args()
+    print(f"DeepBench and AlexNet layers on brainwave (compile only): {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, egglog {importlib.metadata.version('egglog')}\n")
+    print("| layer | liftsat layers | input | e-nodes | e-classes | iterations | stop | saturation s | "
+          "extraction s | predicted cycles | within budget | growth drivers |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name, specs, shape in layers():
+        if shape is None:
+            print(f"| {name} | {' '.join(specs)} | | | | | not supported yet | | | | | |")
+            rows.append({"layer": name, "supported": False})
+            continue
+        try:
+            r = measure(specs, shape)
+        except LayerError as exc:
+            print(f"| {name} | {' '.join(specs)} | {shape[0]}x{shape[1]} | | | | {exc} | | | | | |")
+            rows.append({"layer": name, "supported": False, "error": str(exc)})
+            continue
+        rows.append({"layer": name, "layers": specs, "input": list(shape), **r})
+        print(f"| {name} | {' '.join(specs)} | {shape[0]}x{shape[1]} | {r['enodes']} | {r['eclasses']} | "
+              f"{r['iterations']} | {r['stop']} | {r['saturation_s']:.2f} | {r['extraction_s']:.2f} | "
+              f"{r['predicted_cycles']:.0f} | {'yes' if r['within_budget'] else 'NO'} | {r['growth']} |")
+    flat = [measure([f"GRUCell({h}, {h})"], (1, h))["enodes"] for h in (512, 1024, 2048, 4096)]
+    done = [r for r in rows if "enodes" in r]
+    print(f"\nGRUCell e-nodes at hidden 512, 1024, 2048, 4096: {flat} (flat: loops are symbolic)")
+    print(f"within budget: {sum(r['within_budget'] for r in done)} of {len(done)} supported rows; "
+          f"max saturation {max(r['saturation_s'] for r in done):.2f} s, "
+          f"max e-nodes {max(r['enodes'] for r in done)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
