@@ -167,6 +167,13 @@ def _tiling(n_: int) -> list[Rule]:
         n = N * _pick(rng, 2, 4)
         return T(["VVAdd", "VVMul", "VVSub", "VVMax"][_pick(rng, 0, 3)], tp(_v(n), _v(n)))
 
+    def ex_unary_pad(rng):
+        return T(["VVRelu", "VVTanh", "VVSigm"][_pick(rng, 0, 2)], _v(N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1)))
+
+    def ex_binary_pad(rng):
+        n = N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1)
+        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][_pick(rng, 0, 3)], tp(_v(n), _v(n)))
+
     def ex_slice_unary(rng):
         n2 = N * _pick(rng, 1, 3)
         n = _pick(rng, 1, n2 - 1) if n2 > 1 else 1
@@ -195,6 +202,15 @@ def _tiling(n_: int) -> list[Rule]:
             f"(Comp (Join {ts_}) (Comp (Map ({op} (TP (TA s {N}) (TA s {N}))) (/ n {N})) (Comp (Zip (TP {ts_} {ts_})) "
             f"(Fork (Comp (Split {N} (TA s n)) (Fst (TP (TA s n) (TA s n)))) (Comp (Split {N} (TA s n)) (Snd (TP (TA s n) (TA s n))))))))",
             a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
+    pad_unary = [rewrite(f"({op} (TA s n))",
+                         f"(Comp (Slice 0 n (TA s {pad_n})) (Comp ({op} (TA s {pad_n})) (Pad 0 (- {N} (% n {N})) (TA s n))))",
+                         a, [f"(!= 0 (% n {N}))"]) for op in ("VVRelu", "VVTanh", "VVSigm")]
+    pad_binary = [rewrite(
+        f"({op} (TP (TA s n) (TA s n)))",
+        f"(Comp (Slice 0 n (TA s {pad_n})) (Comp ({op} (TP (TA s {pad_n}) (TA s {pad_n}))) "
+        f"(Fork (Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Fst (TP (TA s n) (TA s n)))) "
+        f"(Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Snd (TP (TA s n) (TA s n)))))))",
+        a, [f"(!= 0 (% n {N}))"]) for op in ("VVAdd", "VVMul", "VVSub", "VVMax")]
     slice_unary = []
     for op in ("VVRelu", "VVTanh", "VVSigm"):
         slice_unary += chain_rewrites([f"({op} (TA s n))", "(Slice 0 n (TA s n2))"],
@@ -243,6 +259,10 @@ def _tiling(n_: int) -> list[Rule]:
              "elementwise f = Join . Map(f) . Split N", ex_unary),
         Rule(f"binary-split/{N}", a, tuple(binary), f"length divisible by {N}, longer than {N}",
              "elementwise (a op b) = Join . Map(op) . Zip(Split N a, Split N b)", ex_binary),
+        Rule(f"unary-pad/{N}", a, tuple(pad_unary), f"length not divisible by {N}",
+             "elementwise f = Slice(0, n) . f . Pad (the padding's values are sliced away)", ex_unary_pad),
+        Rule(f"binary-pad/{N}", a, tuple(pad_binary), f"length not divisible by {N}",
+             "a op b = Slice(0, n) (Pad a op Pad b) for elementwise op", ex_binary_pad),
         Rule(f"slice-through-unary/{N}", a, tuple(slice_unary), "slice starts at 0",
              "f . Slice(0, n) = Slice(0, n) . f on the longer vector (elementwise f)", ex_slice_unary),
         Rule(f"slice-through-binary/{N}", a, tuple(slice_binary), f"padded length divisible by {N}",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from egraph_rules.ir import DTYPE_BYTES, IRTypeError, Term
+from egraph_rules.ir import DTYPE_BYTES, IRTypeError, Term, dtype_name
 
 Value = np.ndarray | tuple | list
 
@@ -113,6 +113,10 @@ class Interpreter:
             return self.env[e.args[0]]
         if e.op == "Pair":
             return (self.value(e.args[0]), self.value(e.args[1]))
+        if e.op == "Mask":
+            k, t = e.args
+            mask = (np.arange(t.args[1]) < k).astype(NUMPY_DTYPE[dtype_name(t)])
+            return np.diag(mask) if t.args[0].op == "TA" else mask
         if e.op == "App":
             return self.apply(e.args[0], self.value(e.args[1]))
         raise IRTypeError(f"{e.op} is not a value")

@@ -29,6 +29,9 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "Var": ("E", ("String", "Ty")),
     "App": ("E", ("F", "E")),
     "Pair": ("E", ("E", "E")),
+    # a constant of type t: a vector of k ones then zeros, or an n x n matrix whose diagonal is
+    # that vector (codegen zeroes padding lanes with it)
+    "Mask": ("E", ("i64", "Ty")),
     # combinators
     "Id": ("F", ("Ty",)),
     "Comp": ("F", ("F", "F")),
@@ -365,6 +368,14 @@ def ty(e: Term) -> Term:
         return e.args[1]
     if e.op == "Pair":
         return tp(ty(e.args[0]), ty(e.args[1]))
+    if e.op == "Mask":
+        t = e.args[1]
+        _vec(t.args[0] if t.op == "TA" and t.args[0].op == "TA" else t, "Mask")
+        if t.args[0].op == "TA" and t.args[0].args[1] != t.args[1]:
+            raise IRTypeError(f"a matrix Mask must be square, got {t}")
+        if not 0 <= e.args[0] <= e.args[1].args[1]:
+            raise IRTypeError(f"Mask of {e.args[0]} ones in {e.args[1]}")
+        return e.args[1]
     if e.op == "App":
         f, x = e.args
         if fin(f) != ty(x):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from egraph_rules.ir import Term, comp, fout, shape_of, ty
+from egraph_rules.ir import T, Term, comp, fout, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.target import OpSpec, Target
 
@@ -252,6 +252,8 @@ class Codegen:
             v: object = self.host_buffer(e, t, f"{e.args[0]} {shape_of(t)}")
         elif e.op == "Pair":
             v = PairV(self.data(e.args[0]), self.data(e.args[1]))
+        elif e.op == "Mask":
+            v = self.host_buffer(e, e.args[1], f"mask of {e.args[0]} ones")
         elif e.op == "App":
             outer, self.block = self.block, self.setup
             v = self.apply(e.args[0], self.data(e.args[1]))
@@ -296,7 +298,7 @@ class Codegen:
         if op == "DistR":
             return ArrP(v.a, v.b, True, False, a[0].args[0].args[1])
         if op == "Pad":
-            raise CodegenError("Pad of a computed value (only host data can be padded)")
+            return self.pad_on_chip(f, v, dest)
         if op == "Map":
             return self.map(a[0], a[1], v, dest)
         if op == "Reduce":
@@ -349,6 +351,42 @@ class Codegen:
         if n > 2:
             self.loop(n - 2, lambda i: self.apply(op, PairV(acc, _index(v, i + 2)), acc))
         return acc
+
+    def pad_on_chip(self, f: Term, v: object, dest: Buf | None) -> Buf:
+        """Zero padding of a computed vector: each native vector of the result is the source's
+        vector times a mask (ones where the source has data, zeros in the padding), with the
+        target's vector multiply, or its matrix-vector multiply by the mask as a diagonal
+        matrix; the masks are constants pinned at setup."""
+        left, right, t = f.args
+        if not (isinstance(v, Buf) and v.host is None and v.space != "dram" and len(v.shape) == 1
+                and v.strides == (1,) and left == 0):
+            raise CodegenError("only a computed vector on chip can be zero padded, and only at its end")
+        n, total, native = v.shape[0], v.shape[0] + right, self.n
+        if total % native:
+            raise CodegenError(f"padding {n} elements to {total} does not fill whole {native}-element vectors")
+        by_vector = next((o for o in self.t.ops if o.op.meaning.op == "VVMul" and o.op.result_space == v.space), None)
+        by_matrix = next((o for o in self.t.ops if o.op.meaning.op == "MVMul" and o.op.result_space == v.space), None)
+        op = by_vector or by_matrix
+        if op is None:
+            raise CodegenError(f"{self.t.name} has no vector or matrix-vector multiply in {v.space} to zero padding with")
+        vec_t = ta(t.args[0], native)
+        mask_t, mask_space = (vec_t, v.space) if op is by_vector else (ta(vec_t, native), op.op.operand_spaces[0])
+        out = dest if dest is not None else self.allocate(v.space, (total,))
+
+        def masked(k: Affine, src: Affine, ones: int) -> None:
+            mask = self.data(T("App", T("ToChip", mask_space, mask_t), T("Mask", ones, mask_t)))
+            vec = Buf(v.space, src, (native,), (1,))
+            pair = PairV(vec, mask) if op is by_vector else PairV(mask, vec)
+            self.device(op.op.term, pair, Buf(out.space, out.addr + k.scaled(native), (native,), (1,)))
+
+        full, rest = divmod(n, native)
+        if full:
+            self.loop(full, lambda i: masked(i, v.addr + i.scaled(native), native))
+        if rest:
+            masked(Affine(full), v.addr + full * native, rest)
+        for k in range(full + (1 if rest else 0), total // native):
+            masked(Affine(k), v.addr, 0)
+        return out
 
     def operand(self, v: object, space: str, what: str) -> Operand:
         if not isinstance(v, Buf) or v.space != space:

@@ -83,3 +83,15 @@ def test_a_cell_inside_a_layer_stack():
     r = optimize(["Linear(40, 64)", "Tanh()", "GRUCell(64, 32)", "Linear(32, 8)"], (2, 40), native_dim=32)
     assert r.output_shape == (2, 8)
     assert r.max_rel_error <= 1e-4
+
+
+@pytest.mark.parametrize("layers, shape", [
+    (["GRUCell(100, 70)"], (2, 100)),
+    (["LSTMCell(100, 70)"], (1, 100)),
+    (["ReLU()"], (1, 1000)),
+])
+def test_sizes_that_are_not_a_multiple_of_the_native_dim(layers, shape):
+    """Computed vectors are zero padded on chip (a mask multiply) where the rules pad them."""
+    r = optimize(layers, shape)
+    assert r.max_rel_error <= 1e-4
+    assert r.egraph.saturated
