@@ -25,10 +25,11 @@ class Budget:
 
 @dataclass
 class SaturationStats:
-    """What a saturation did and why it stopped."""
+    """What a saturation did and why it stopped. E-classes are counted when the e-graph is
+    serialized (None before); e-nodes are recounted then, without primitives."""
 
     enodes: int
-    eclasses: int
+    eclasses: int | None
     iterations: int
     saturated: bool
     stop_reason: str
@@ -69,11 +70,10 @@ class Saturator:
     """Builds an e-graph from named terms and a rule list, and saturates it."""
 
     def __init__(self, rules: list[Rule]):
-        self.rules = rules
         self.egraph = bindings.EGraph()
         program = "\n".join(
             [egglog_declarations(), analysis_program(), rulesets_program()]
-            + [r.text() for r in rules if r.egglog]
+            + [r.text() for r in rules]
             + [f"(unstable-combined-ruleset liftsat {' '.join(LEVELS)})"]
         )
         self._run(program)
@@ -98,7 +98,7 @@ class Saturator:
         until nothing changes or a budget runs out (checked before every step)."""
         start = time.perf_counter()
         matches: Counter[str] = Counter()
-        iterations, saturated, reason = 0, False, "saturated"
+        iterations, saturated, reason = 0, False, ""
         self._run("(run-schedule (saturate (run analysis)))")
         while True:
             size = self.size()
@@ -117,10 +117,10 @@ class Saturator:
                 if "#" in name:
                     matches[name.split("#")[0]] += n
             if not report.updated:
-                saturated = True
+                saturated, reason = True, "saturated"
                 break
-        return SaturationStats(self.size(), 0, iterations, saturated, reason if not saturated else "saturated",
-                               time.perf_counter() - start, dict(matches))
+        return SaturationStats(self.size(), None, iterations, saturated, reason, time.perf_counter() - start,
+                               dict(matches))
 
     def serialize(self, roots: dict[str, Term], stats: SaturationStats) -> SaturatedGraph:
         """The e-graph as plain data for extraction (IR sorts and their primitives only)."""

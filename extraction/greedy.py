@@ -54,9 +54,7 @@ class GraphView:
             node = self.graph.nodes[self.graph.classes[cls][0]]
             op = node["op"]
             if op in SCHEMA:
-                tys = [self.graph.nodes[i] for i in self.graph.classes[cls] if self.graph.nodes[i]["op"] in SCHEMA]
-                node = tys[0]
-                self._const[cls] = Term(node["op"], tuple(self.const(c) for c in node["children"]))
+                self._const[cls] = Term(op, tuple(self.const(c) for c in node["children"]))
             elif op.startswith('"'):
                 self._const[cls] = op[1:-1].replace('\\"', '"').replace("\\\\", "\\")
             else:

@@ -113,21 +113,22 @@ def _stages(f: Term) -> list[Term]:
     return _stages(f.args[0]) + _stages(f.args[1]) if f.op == "Comp" else [f]
 
 
-def _host_layout(f: Term) -> bool:
-    """Functions the host applies when it lays out constant data: re-indexing and padding."""
+def _layout_only(f: Term, pad: bool) -> bool:
+    """Whether f only re-indexes its input (Split, Join, Transpose, Slice, maps and compositions
+    of these) or, with pad, also pads it: what the host can apply when it lays out data."""
     if f.op == "Comp":
-        return _host_layout(f.args[0]) and _host_layout(f.args[1])
+        return _layout_only(f.args[0], pad) and _layout_only(f.args[1], pad)
     if f.op == "Map":
-        return _host_layout(f.args[0])
-    return f.op in ("Split", "Join", "Transpose", "Slice", "Pad", "Id")
+        return _layout_only(f.args[0], pad)
+    return f.op in ("Split", "Join", "Transpose", "Slice", "Id") or (pad and f.op == "Pad")
 
 
 def _is_view(f: Term) -> bool:
-    if f.op in ("Comp",):
-        return _is_view(f.args[0]) and _is_view(f.args[1])
-    if f.op == "Map":
-        return _is_view(f.args[0])
-    return f.op in ("Split", "Join", "Transpose", "Slice", "Id")
+    return _layout_only(f, pad=False)
+
+
+def _host_layout(f: Term) -> bool:
+    return _layout_only(f, pad=True)
 
 
 class Codegen:
