@@ -3,7 +3,6 @@ that device op", with the moves of its operands into the memories the op reads."
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,10 +39,10 @@ def _moves(op: DeviceOp) -> str:
     return T("Fork", fa, fb).sexpr
 
 
-def _generalized(t: Term, n: int) -> tuple[str, list[str]]:
+def _generalized(t: Term, n: int, conds: list[str]) -> str:
     """Pattern text for any type of the same shape rank whose array lengths are multiples of
-    n, with the element types kept, plus the divisibility conditions."""
-    conds: list[str] = []
+    n, with the element types kept; appends the divisibility conditions to conds (its length
+    numbers the dimension variables, so patterns built with one list never share a name)."""
 
     def go(u: Term) -> str:
         if u.op == "TA":
@@ -54,7 +53,7 @@ def _generalized(t: Term, n: int) -> tuple[str, list[str]]:
             return f"(TP {go(u.args[0])} {go(u.args[1])})"
         return u.sexpr
 
-    return go(t), conds
+    return go(t)
 
 
 def early_move_rule(op: DeviceOp, native: int) -> Rule:
@@ -63,11 +62,14 @@ def early_move_rule(op: DeviceOp, native: int) -> Rule:
     resident (pinned) on chip. Anchored at the Fork producing the operands, so that moving twice
     is the same as moving once (ToChip . ToChip is elided) and saturation stays bounded."""
     t = fin(op.meaning)
-    pat, conds = _generalized(t, native)
+    conds: list[str] = []
+    if t.op == "TP":
+        first, second = _generalized(t.args[0], native, conds), _generalized(t.args[1], native, conds)
+        pat = f"(TP {first} {second})"
+    else:
+        pat = _generalized(t, native, conds)
     generic = f"({op.meaning.op} {pat})"
     if t.op == "TP":
-        first, _ = _generalized(t.args[0], native)
-        second = _renumber(_generalized(t.args[1], native)[0], first.count("(TA "))
         lhs = f"(Comp {generic} (Fork g h))"
         rhs = (f"(Comp {generic} (Fork (Comp (ToChip \"{op.operand_spaces[0]}\" {first}) g) "
                f"(Comp (ToChip \"{op.operand_spaces[1]}\" {second}) h)))")
@@ -84,11 +86,6 @@ def early_move_rule(op: DeviceOp, native: int) -> Rule:
     return Rule(f"move-early:{op.name}", "hardware", (text,), f"every length a multiple of {native}",
                 f"{op.meaning.op} . Fork(g, h) = {op.meaning.op} . Fork(ToChip . g, ToChip . h): operands move "
                 f"to {', '.join(op.operand_spaces)} before tiling", example)
-
-
-def _renumber(text: str, offset: int) -> str:
-    """Shift the dimension variables d0, d1, ... of a sub-pattern by offset."""
-    return re.sub(r"\bd(\d+)\b", lambda m: f"d{int(m.group(1)) + offset}", text)
 
 
 def _scaled(t: Term, k: int) -> Term:
