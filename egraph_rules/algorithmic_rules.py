@@ -419,7 +419,14 @@ def _stacking() -> list[Rule]:
         n = _pick(rng, 1, 5)
         return T("Slice", 0, n, _v(n))
 
+    def ex_reduce_one(rng):
+        n = _pick(rng, 1, 5)
+        return T("Reduce", T("VVAdd", tp(_v(n), _v(n))), T("TA", _v(n), 1))
+
     return [
+        Rule("reduce-one", a, (rewrite("(Reduce f (TA (TA e k) 1))", "(Join (TA (TA e k) 1))", a, subsume=True),),
+             "one element", "Reduce over a one-element array of arrays = that element (a Join: no instruction)",
+             ex_reduce_one),
         Rule("mvmul-merge-row-blocks", a, (merge,), "the two weight blocks are adjacent rows of one constant",
              "MVMul(W[a:a+n1], x) and MVMul(W[a+n1:a+n1+n2], x) are slices of MVMul(W[a:a+n1+n2], x): products "
              "of one input by stacked weights (an RNN's gates) become one larger product", ex_merge),
@@ -428,9 +435,37 @@ def _stacking() -> list[Rule]:
     ]
 
 
+def _im2col() -> list[Rule]:
+    a = "algorithmic"
+
+    def ex_fission(rng):
+        k, m, n = _pick(rng, 1, 3), _pick(rng, 1, 3), _pick(rng, 1, 4)
+        return T("Map", T("Comp", T("VVRelu", _v(k * m)), T("Join", _m(m, k))), n)
+
+    def ex_mmmul(rng):
+        n, k, o = _pick(rng, 1, 5), _pick(rng, 1, 5), _pick(rng, 1, 5)
+        w = _var("W", _m(o, k))
+        body = T("Comp", T("MVMul", tp(_m(o, k), _v(k))), T("Fork", T("Const", w, _v(k)), T("Id", _v(k))))
+        return T("Map", body, n)
+
+    return [
+        Rule("map-fission-layout", a, (rewrite("(Map (Comp f v) n)", "(Comp (Map f n) (Map v n))", a, ["(islayout v)"]),),
+             "v only re-lays out one array (Split, Join, Slice, Transpose, Slide, maps of these)",
+             "Map(f . v) = Map f . Map v: a loop body's leading re-indexing becomes a layout of the whole array "
+             "(per-window flattening becomes the im2col matrix)", ex_fission),
+        Rule("map-mvmul-to-mmmul", a, (rewrite(
+            "(Map (Comp (MVMul (TP (TA (TA s k) o) (TA s k))) (Fork (Const w (TA s k)) (Id (TA s k)))) n)",
+            "(Comp (MMMul (TP (TA (TA s k) n) (TA (TA s o) k))) "
+            "(Fork (Id (TA (TA s k) n)) (Const (App (Transpose (TA (TA s k) o)) w) (TA (TA s k) n))))", a),),
+             "the matrix is the same constant for every row",
+             "Map over rows x of MVMul(W, x) = MMMul(rows, transpose W): per-pixel products of a convolution "
+             "are one GEMM of the im2col matrix", ex_mmmul),
+    ]
+
+
 def algorithmic_rules(tile_sizes: tuple[int, ...]) -> list[Rule]:
     """Lift's structural rules, data-movement rules, and tiling rules for each tile size."""
-    rules = _structural() + _movement() + _stacking()
+    rules = _structural() + _movement() + _stacking() + _im2col()
     for n in sorted(set(tile_sizes)):
         rules += _tiling(n)
     return rules

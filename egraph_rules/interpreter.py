@@ -88,6 +88,9 @@ def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
         return np.pad(x, widths)
     if op == "Slice":
         return x[(slice(None),) * axis + (slice(a[0], a[0] + a[1]),)]
+    if op == "Slide":
+        windows = np.lib.stride_tricks.sliding_window_view(x, a[0], axis=axis)[(slice(None),) * axis + (slice(None, None, a[1]),)]
+        return np.moveaxis(windows, -1, axis + 1)
     if op in ("Id", "ToChip", "ToDram", "ToOutput"):
         return x
     if op == "Map":
@@ -178,6 +181,9 @@ class Interpreter:
             return np.pad(x, widths)
         if op == "Slice":
             return x[a[0] : a[0] + a[1]]
+        if op == "Slide":
+            items = _items(x)
+            return _stack([_stack(items[i : i + a[0]]) for i in range(0, len(items) - a[0] + 1, a[1])])
         if op in UNARY:
             return UNARY[op](x)
         if op in BINARY:

@@ -51,6 +51,9 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "DistR": ("F", ("Ty",)),
     "Pad": ("F", ("i64", "i64", "Ty")),
     "Slice": ("F", ("i64", "i64", "Ty")),
+    # Slide size step: the windows of `size` consecutive elements starting every `step` elements
+    # (a stencil's neighbourhoods; windows overlap when step < size)
+    "Slide": ("F", ("i64", "i64", "Ty")),
     "Concat": ("F", ("Ty",)),
     # arithmetic (binary ones take a pair)
     "VVAdd": ("F", ("Ty",)),
@@ -298,6 +301,11 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         if a[0] < 0 or a[1] <= 0 or a[0] + a[1] > n:
             raise IRTypeError(f"Slice [{a[0]}, {a[0] + a[1]}) out of length {n}")
         return ta(e, a[1])
+    if op == "Slide":
+        e, n = _arr(a[2], "Slide")
+        if a[0] <= 0 or a[1] <= 0 or a[0] > n:
+            raise IRTypeError(f"Slide of windows of {a[0]} every {a[1]} over length {n}")
+        return ta(ta(e, a[0]), (n - a[0]) // a[1] + 1)
     if op == "Fold":
         acc, xs = _pair(a[1], "Fold")
         e, _ = _arr(xs, "Fold")

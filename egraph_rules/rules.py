@@ -80,6 +80,7 @@ LEAF_FOUT = {
     "DistR": ("(DistR (TP (TA a n) c))", "(TA (TP a c) n)"),
     "Pad": ("(Pad l r (TA e n))", "(TA e (+ l (+ n r)))"),
     "Slice": ("(Slice s k (TA e n))", "(TA e k)"),
+    "Slide": ("(Slide k st (TA e n))", "(TA (TA e k) (+ 1 (/ (- n k) st)))"),
     "VVAdd": ("(VVAdd (TP t t))", "t"),
     "VVMul": ("(VVMul (TP t t))", "t"),
     "VVSub": ("(VVSub (TP t t))", "t"),
@@ -108,6 +109,7 @@ def analysis_program() -> str:
         "(constructor ty (E) Ty)",
         "(relation isview (F))",
         "(relation reindex (F))",
+        "(relation islayout (F))",
         "(relation ismove (F))",
         "(relation readsfst (F))",
         "(relation readssnd (F))",
@@ -149,7 +151,14 @@ def analysis_program() -> str:
         vars_ = " ".join(f"x{i}" for i in range(len(SCHEMA[name][1])))
         rule(f"(= f ({name} {vars_}))", "(reindex f)")
     rule("(= f (Transpose t))", "(isview f)")
+    rule("(= f (Slide k st t))", "(isview f)")
     rule("(= f (Map g n)) (reindex g)", "(reindex f)")
+    # layouts: re-indexings of one array (what codegen turns into strided views or host layouts)
+    for name in ("Split", "Join", "Slice", "Transpose", "Slide"):
+        vars_ = " ".join(f"x{i}" for i in range(len(SCHEMA[name][1])))
+        rule(f"(= f ({name} {vars_}))", "(islayout f)")
+    rule("(= f (Map g n)) (islayout g)", "(islayout f)")
+    rule("(= f (Comp g h)) (islayout g) (islayout h)", "(islayout f)")
     rule("(= f (Comp g h)) (reindex g) (reindex h)", "(reindex f)")
     for name in ("Fst", "Snd", "Id"):
         rule(f"(= f ({name} t))", "(isview f)")

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, comp, fout, ta, tensor_type, tp, ts
+from egraph_rules.ir import T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts
+from frontend.spatial import (Stages, Window, conv, conv_reference, depthwise_conv, elementwise, pool,
+                              pool_reference, to_chw, to_hwc)
 
 
 class LayerError(ValueError):
@@ -43,7 +45,15 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "MatMul": (("in_features", "out_features"), {"a_t": False, "b_t": False}),
     "GRUCell": (("input_size", "hidden_size"), {"bias": True}),
     "LSTMCell": (("input_size", "hidden_size"), {"bias": True}),
+    "Conv2d": (("in_channels", "out_channels", "kernel_size"),
+               {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "bias": True, "padding_mode": "zeros"}),
+    "MaxPool2d": (("kernel_size",), {"stride": None, "padding": 0, "dilation": 1, "return_indices": False,
+                                     "ceil_mode": False}),
+    "AvgPool2d": (("kernel_size",), {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
+                                     "divisor_override": None}),
 }
+#: layers over images (N x C x H x W inputs); activations work on both kinds of input
+SPATIAL = {"Conv2d", "MaxPool2d", "AvgPool2d"}
 CELLS = {"GRUCell": 3, "LSTMCell": 4}
 ACTIVATIONS = {"ReLU": ("VVRelu", lambda x: np.maximum(x, 0)), "Tanh": ("VVTanh", np.tanh),
                "Sigmoid": ("VVSigm", lambda x: 1 / (1 + np.exp(-x)))}
@@ -90,6 +100,8 @@ def bind(spec: LayerSpec) -> dict[str, object]:
     for k, v in defaults.items():
         params.setdefault(k, v)
     for p in positional:
+        if p == "kernel_size":  # an int or a pair, checked with the other window sizes
+            continue
         v = params[p]
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise LayerError(f"{spec.name}: {p} must be a positive integer, got {v!r}")
@@ -100,13 +112,14 @@ def bind(spec: LayerSpec) -> dict[str, object]:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """Parse an input shape such as `1x1024`."""
+    """Parse an input shape: `1x1024` (batch x features) or `1x3x224x224` (N x C x H x W)."""
     try:
         dims = tuple(int(d) for d in text.lower().split("x"))
     except ValueError:
-        raise LayerError(f"input shape {text!r} is not of the form BxF, e.g. 1x1024") from None
-    if len(dims) != 2 or any(d <= 0 for d in dims):
-        raise LayerError(f"input shape {text!r} must be two positive sizes BxF (batch x features)")
+        raise LayerError(f"input shape {text!r} is not of the form BxF or NxCxHxW, e.g. 1x1024") from None
+    if len(dims) not in (2, 4) or any(d <= 0 for d in dims):
+        raise LayerError(f"input shape {text!r} must be positive sizes BxF (batch x features) "
+                         f"or NxCxHxW (images)")
     return dims
 
 
@@ -262,6 +275,126 @@ def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generat
                  (m * k + m * n) * 4, dtype, ["B"])
 
 
+def _window(where: str, p: dict, stride_default: object) -> Window:
+    """The window sizes of a conv or pool layer as pairs, each checked."""
+    sizes = {}
+    for name, default, least in (("kernel_size", None, 1), ("stride", stride_default, 1), ("padding", 0, 0),
+                                 ("dilation", 1, 1)):
+        v = p.get(name, default)
+        if v is None:
+            v = sizes["kernel_size"]
+        pair = (v, v) if isinstance(v, int) and not isinstance(v, bool) else v
+        if (not isinstance(pair, tuple) or len(pair) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= least for x in pair)):
+            raise LayerError(f"{where}: {name} must be an integer >= {least} or a pair of them, got {v!r}")
+        sizes[name] = pair
+    return Window(sizes["kernel_size"], sizes["stride"], sizes["padding"], sizes["dilation"])
+
+
+def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarray | None) -> np.ndarray | None:
+    """Add one layer over HWC images to the stages; returns the reference after it."""
+    where = f"layer {i + 1} {spec}"
+    p = bind(spec)
+    h, w, c = shape_of(s.t)
+    if spec.name in ACTIVATIONS:
+        op, fn = ACTIVATIONS[spec.name]
+        elementwise(s, op)
+        return fn(ref) if ref is not None else None
+    if spec.name not in SPATIAL:
+        raise LayerError(f"{where}: a {spec.name} layer cannot follow image layers (its input is "
+                         f"{c}x{h}x{w} channels x rows x columns)")
+    win = _window(where, p, p.get("stride"))
+    if spec.name == "MaxPool2d":
+        for flag, ok in (("return_indices", False), ("ceil_mode", False)):
+            if p[flag] != ok:
+                raise LayerError(f"{where}: {flag}={p[flag]!r} is not supported")
+        if win.padding != (0, 0):
+            raise LayerError(f"{where}: padding {win.padding} is not supported (PyTorch pads max pooling "
+                             f"with -inf; liftsat pads with zeros)")
+    if spec.name == "AvgPool2d":
+        if p["ceil_mode"] or p["divisor_override"] is not None or not p["count_include_pad"]:
+            raise LayerError(f"{where}: only ceil_mode=False, count_include_pad=True and no divisor_override "
+                             f"are supported")
+        if win.dilation != (1, 1):
+            raise LayerError(f"{where}: AvgPool2d has no dilation")
+    groups = p.get("groups", 1)
+    if spec.name == "Conv2d":
+        if p["in_channels"] != c:
+            raise LayerError(f"{where}: expects {p['in_channels']} input channels, but receives {c}")
+        if p["padding_mode"] != "zeros":
+            raise LayerError(f"{where}: padding_mode {p['padding_mode']!r} is not supported (only 'zeros')")
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
+            raise LayerError(f"{where}: groups must be a positive integer, got {groups!r}")
+        if c % groups or p["out_channels"] % groups:
+            raise LayerError(f"{where}: in_channels {c} and out_channels {p['out_channels']} must both be "
+                             f"divisible by groups {groups}")
+        if groups not in (1, c) or (groups == c > 1 and p["out_channels"] != c):
+            raise LayerError(f"{where}: groups={groups} is not supported; liftsat runs groups=1 and depthwise "
+                             f"convolutions (groups = in_channels = out_channels)")
+    oh, ow = win.out_size(h, 0), win.out_size(w, 1)
+    if oh <= 0 or ow <= 0:
+        raise LayerError(f"{where}: the {win.span(0)}x{win.span(1)} window (kernel {win.kernel[0]}x{win.kernel[1]}, "
+                         f"dilation {win.dilation[0]}x{win.dilation[1]}) is larger than the padded input "
+                         f"{h + 2 * win.padding[0]}x{w + 2 * win.padding[1]}")
+    if spec.name != "Conv2d":
+        kind = "max" if spec.name == "MaxPool2d" else "avg"
+        scale = None
+        if kind == "avg":
+            scale = T("Var", f"scale{i}", ta(b.s, c))
+            if b.rng is not None:
+                b.env[f"scale{i}"] = np.full(c, 1 / (win.kernel[0] * win.kernel[1]), np.float32)
+        pool(s, win, kind, scale)
+        return pool_reference(ref, win, kind) if ref is not None else None
+    o, (kh, kw) = p["out_channels"], win.kernel
+    _check_size(f"{where}: the im2col matrix", oh * ow, kh * kw * c)
+    fan_in = c // groups * kh * kw
+    wt = b.weight(f"W{i}", (o, c // groups, kh, kw), 1 / math.sqrt(fan_in))
+    bt = b.weight(f"b{i}", (o,), 1 / math.sqrt(fan_in)) if p["bias"] else None
+    (depthwise_conv if groups > 1 else conv)(s, win, wt, bt)
+    b.macs += b.batch * o * oh * ow * fan_in
+    if ref is None:
+        return None
+    return conv_reference(ref, b.env[f"W{i}"], b.env.get(f"b{i}"), win, groups)
+
+
+def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
+                      values: bool = True) -> Model:
+    """A stack of image layers (Conv2d, pooling, activations) on an N x C x H x W input. Each
+    image is turned to HWC by the host's layout; the stack works per image (a Map over the
+    batch) and the output is read back as NCHW."""
+    if len(input_shape) != 4:
+        raise LayerError(f"image layers need an input NxCxHxW, got {'x'.join(map(str, input_shape))}")
+    n, c, h, w = input_shape
+    _check_size("the input", n, c, h, w)
+    rng = np.random.default_rng(seed) if values else None
+    b = _Builder(n, c, rng, dtype)
+    img = tensor_type(dtype, (c, h, w))
+    s = Stages(img)
+    s.then(to_hwc(img))
+    x = rng.standard_normal(input_shape).astype(np.float32) if rng is not None else None
+    ref = x.astype(np.float64) if x is not None else None
+    for i, spec in enumerate(layers):
+        ref = _image_layer(b, s, i, spec, ref)
+    oh, ow, oc = shape_of(s.t)
+    _check_size("the output", n, oc, oh, ow)
+    body = comp(*reversed(s.parts))
+    back = to_chw(s.t)
+    if n == 1:
+        program = comp(back, T("ToOutput", s.t), body)
+        xv = T("Var", "x", img)
+    else:
+        program = comp(T("Map", back, n), T("ToOutput", ta(s.t, n)), T("Map", body, n))
+        xv = T("Var", "x", tensor_type(dtype, input_shape))
+    env = b.env
+    if x is not None:
+        env["x"] = x if n > 1 else x[0]
+    out_shape = (n, oc, oh, ow)
+    io = (math.prod(input_shape) + math.prod(out_shape)) * 4
+    reference = ref.astype(np.float32) if ref is not None else None
+    return Model(list(layers), tuple(input_shape), out_shape, T("App", program, xv), env, reference, b.macs,
+                 b.wbytes, io, dtype, b.weights)
+
+
 def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
                 values: bool = True) -> Model:
     """Build the program term App(ToOutput . layers, input). Batch 1 is a vector program; larger
@@ -269,10 +402,12 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
     second input, random like the first; LSTMCell returns (h', c') and must come last."""
     if not layers:
         raise LayerError("no layers given")
-    if len(input_shape) != 2:
-        raise LayerError(f"input shape {input_shape} must be (batch, features)")
     if not isinstance(seed, int) or seed < 0:
         raise LayerError(f"seed must be a non-negative integer, got {seed!r}")
+    if any(spec.name in SPATIAL for spec in layers) or len(input_shape) == 4:
+        return build_image_model(layers, tuple(input_shape), seed, dtype, values)
+    if len(input_shape) != 2:
+        raise LayerError(f"input shape {input_shape} must be (batch, features)")
     batch, feats = input_shape
     _check_size("the input", batch, feats)
     rng = np.random.default_rng(seed) if values else None

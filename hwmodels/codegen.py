@@ -1,9 +1,11 @@
 """Code generation: an extracted term becomes an instruction program for a target.
 
-Values are strided views over flat memories, so re-indexing (Split, Join, Transpose, Slice and
-maps of these) costs no instruction. Map and Reduce become loops whose addresses are affine in
-the loop counters; device ops become instructions; ToChip becomes loads (in the setup block when
-it moves a constant: pinned weights), ToOutput becomes stores. The host lays out inputs and
+Values are strided views over flat memories, so re-indexing (Split, Join, Transpose, Slice,
+Slide and maps of these) costs no instruction; a re-indexing of host data that no strided view
+can express (an im2col matrix of overlapping windows) is laid out by the host instead. Map and
+Reduce become loops whose addresses are affine in the loop counters; device ops become
+instructions; ToChip becomes loads (in the setup block when it moves a constant: pinned
+weights), ToOutput becomes stores. The host lays out inputs and
 weights in DRAM, padded where the term pads them. Memory is allocated with capacity checks.
 """
 
@@ -72,13 +74,20 @@ def _view(f: Term, v: Buf, dim: int) -> Buf:
         sh[dim : dim + 1] = [sh[dim] // k, k]
         st[dim : dim + 1] = [st[dim] * k, st[dim]]
     elif op == "Join":
-        if st[dim] != sh[dim + 1] * st[dim + 1]:
-            raise CodegenError("Join of a non-contiguous view needs a copy (not supported)")
+        if sh[dim + 1] == 1 or sh[dim] == 1:  # a length-1 dimension has no stride of its own
+            st[dim : dim + 2] = [st[dim] if sh[dim + 1] == 1 else st[dim + 1]]
+        elif st[dim] == sh[dim + 1] * st[dim + 1]:
+            st[dim : dim + 2] = [st[dim + 1]]
+        else:
+            raise CodegenError("Join of a non-contiguous view needs a copy")
         sh[dim : dim + 2] = [sh[dim] * sh[dim + 1]]
-        st[dim : dim + 2] = [st[dim + 1]]
     elif op == "Transpose":
         sh[dim], sh[dim + 1] = sh[dim + 1], sh[dim]
         st[dim], st[dim + 1] = st[dim + 1], st[dim]
+    elif op == "Slide":
+        size, step = a[0], a[1]
+        sh[dim : dim + 1] = [(sh[dim] - size) // step + 1, size]
+        st[dim : dim + 1] = [st[dim] * step, st[dim]]
     elif op == "Slice":
         addr = v.addr + a[0] * st[dim]
         sh[dim] = a[1]
@@ -113,14 +122,31 @@ def _stages(f: Term) -> list[Term]:
     return _stages(f.args[0]) + _stages(f.args[1]) if f.op == "Comp" else [f]
 
 
+def _peel_views(body: Term) -> tuple[list[Term], Term]:
+    """A loop body split into its trailing re-indexings (applied last, listed first) and the core
+    before them; a nested loop's trailing re-indexings come out as maps of them, so every level
+    of a loop nest writes its core results in place."""
+    stages = _stages(body)
+    k = 0
+    while k < len(stages) - 1 and _is_view(stages[k]):
+        k += 1
+    views, rest = stages[:k], stages[k:]
+    if rest[0].op == "Map":
+        inner_views, inner_core = _peel_views(rest[0].args[0])
+        m = rest[0].args[1]
+        views += [Term("Map", (v, m)) for v in inner_views]
+        rest = [Term("Map", (inner_core, m)), *rest[1:]] if inner_views else rest
+    return views, comp(*rest)
+
+
 def _layout_only(f: Term, pad: bool) -> bool:
-    """Whether f only re-indexes its input (Split, Join, Transpose, Slice, maps and compositions
-    of these) or, with pad, also pads it: what the host can apply when it lays out data."""
+    """Whether f only re-indexes its input (Split, Join, Transpose, Slice, Slide, maps and
+    compositions of these) or, with pad, also pads it: what the host can apply when it lays out data."""
     if f.op == "Comp":
         return _layout_only(f.args[0], pad) and _layout_only(f.args[1], pad)
     if f.op == "Map":
         return _layout_only(f.args[0], pad)
-    return f.op in ("Split", "Join", "Transpose", "Slice", "Id") or (pad and f.op == "Pad")
+    return f.op in ("Split", "Join", "Transpose", "Slice", "Slide", "Id") or (pad and f.op == "Pad")
 
 
 def _is_view(f: Term) -> bool:
@@ -148,7 +174,17 @@ class Codegen:
 
     # ------------------------------------------------------------ memory
 
+    def row_room(self, k: int) -> int:
+        """Slots an on-chip row of k elements has: whole native vectors, so a device op may write
+        a full vector into it without touching the next row."""
+        return -(-k // self.n) * self.n
+
     def allocate(self, space: str, shape: tuple[int, ...]) -> Buf:
+        if space != "dram" and shape:
+            return replace(self._allocate(space, (*shape[:-1], self.row_room(shape[-1]))), shape=shape)
+        return self._allocate(space, shape)
+
+    def _allocate(self, space: str, shape: tuple[int, ...]) -> Buf:
         size = math.prod(shape)
         padded = -(-size // self.n) * self.n
         base = self.alloc[space]
@@ -175,6 +211,11 @@ class Codegen:
         """Whether the DMA can move this view in native vectors or tiles (unit-stride rows)."""
         rows_ok = len(v.shape) >= (2 if tile else 1) and v.strides[-1] == 1
         return rows_ok and (not tile or v.strides[-2] >= v.shape[-1])
+
+    def _has_room(self, dest: Buf | None, n: int) -> bool:
+        """Whether an on-chip row destination can take n elements in place."""
+        return (dest is not None and dest.space != "dram" and len(dest.shape) == 1 and dest.strides == (1,)
+                and n <= self.row_room(dest.shape[0]))
 
     def host_buffer(self, expr: Term, t: Term, what: str) -> Buf:
         shape = shape_of(t)
@@ -232,16 +273,20 @@ class Codegen:
 
     # ------------------------------------------------------------ compilation
 
-    def result_space(self, f: Term) -> str | None:
+    def result_space(self, f: Term, src: str | None = None) -> str | None:
+        """The memory f's result lives in, given the memory of its input (None: unknown)."""
         op, a = f.op, f.args
         if op == "Dev":
             return self.ops[a[0]].op.result_space
         if op == "ToChip":
             return a[0]
+        if op == "Pad":
+            return src
         if op == "Comp":
-            return self.result_space(a[1]) if _is_view(a[0]) else self.result_space(a[0])
+            inner = self.result_space(a[1], src)
+            return inner if _is_view(a[0]) else self.result_space(a[0], inner)
         if op in ("Map", "Reduce"):
-            return self.result_space(a[0])
+            return self.result_space(a[0], src)
         return None
 
     def data(self, e: Term) -> object:
@@ -277,7 +322,11 @@ class Codegen:
     def _apply(self, f: Term, v: object, dest: Buf | None) -> object:  # noqa: C901 - a table
         op, a = f.op, f.args
         if _is_view(f) and isinstance(v, Buf):
-            return _view(f, v, 0)
+            try:
+                return _view(f, v, 0)
+            except CodegenError:
+                if v.host is None:
+                    raise
         if _host_layout(f) and isinstance(v, Buf) and v.host is not None:
             e = Term("App", (_lifted(f, ty(v.host), len(v.hidx)), v.host))
             out: object = self.host_buffer(e, ty(e), _describe(e))
@@ -285,6 +334,9 @@ class Codegen:
                 out = _index(out, i)
             return out
         if op == "Comp":
+            if a[0].op == "Slice" and a[0].args[0] == 0 and self._has_room(dest, a[0].args[2].args[1]):
+                # the full result goes where its first elements belong; the slice is then in place
+                return _view(a[0], self.apply(a[1], v, replace(dest, shape=(a[0].args[2].args[1],))), 0)
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Fork":
             return PairV(self.apply(a[0], v), self.apply(a[1], v))
@@ -315,15 +367,11 @@ class Codegen:
     def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
         """A loop; the body's re-indexing tail is applied to the whole result array instead,
         so every iteration writes its core result in place."""
-        stages = _stages(body)
-        k = 0
-        while k < len(stages) - 1 and _is_view(stages[k]):
-            k += 1
-        views, core = stages[:k], comp(*stages[k:])
+        views, core = _peel_views(body)
         if views and dest is not None:
             raise CodegenError("a Map whose body ends in re-indexing cannot write into a given destination")
         if dest is None:
-            space = self.result_space(core)
+            space = self.result_space(core, v.space if isinstance(v, Buf) else None)
             if space is None:
                 raise CodegenError(f"cannot tell where the results of Map({core.op}) live")
             dest = self.allocate(space, (n, *shape_of(fout(core))))
@@ -343,14 +391,21 @@ class Codegen:
         if n == 1:
             return _index(v, Affine(0))
         if dest is None:
-            space = self.result_space(op)
+            space = self.result_space(op, v.space if isinstance(v, Buf) else None)
             if space is None:
                 raise CodegenError("cannot tell where a reduction accumulates")
             dest = self.allocate(space, shape_of(fout(op)))
         acc = dest
-        self.apply(op, PairV(_index(v, Affine(0)), _index(v, Affine(1))), acc)
+
+        def step(a: object, b: object) -> None:
+            if self.apply(op, PairV(a, b), acc) != acc:
+                raise CodegenError(f"the reduction operator {op.op} does not accumulate in place")
+
+        before = dict(self.shared)
+        step(_index(v, Affine(0)), _index(v, Affine(1)))
         if n > 2:
-            self.loop(n - 2, lambda i: self.apply(op, PairV(acc, _index(v, i + 2)), acc))
+            self.loop(n - 2, lambda i: step(acc, _index(v, i + 2)))
+        self.shared = before  # what was computed from the accumulator is stale once it is updated
         return acc
 
     def pad_on_chip(self, f: Term, v: object, dest: Buf | None) -> Buf:

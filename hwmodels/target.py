@@ -102,7 +102,7 @@ class CycleCost:
     """The target's cycle cost model, one e-node at a time (for extraction)."""
 
     #: re-indexing is addressing, and padding is done by the host when it lays out inputs
-    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Pad", "Var", "Pair")
+    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "Var", "Pair")
 
     def __init__(self, target: Target):
         self.t = target

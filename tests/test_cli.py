@@ -42,6 +42,15 @@ def test_summary(capsys):
     assert "mv_mul x2" in out
 
 
+def test_a_convolution_from_the_command_line(capsys):
+    code, out, err = cli(["optimize", "Conv2d(3, 8, 3, padding=1)", "ReLU()", "MaxPool2d(2)", "--input", "1x3x8x8",
+                          "--native-dim", "32"], capsys)
+    assert code == 0 and err == ""
+    assert out.splitlines()[0] == ("Conv2d(3, 8, 3, padding=1) -> ReLU() -> MaxPool2d(2) on brainwave32: "
+                                   "input 1x3x8x8 -> output 1x8x4x4")
+    assert "mv_mul x64" in out  # 64 pixels, 27 taps in one 32-column tile
+
+
 def test_summary_says_when_a_budget_stopped_saturation(capsys):
     code, out, _ = cli(["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32", "--max-iterations",
                         "5"], capsys)
@@ -95,7 +104,7 @@ def test_seed_is_used(capsys):
 
 
 BAD = {
-    "unknown layer": ["optimize", "Conv2d(3, 4)", "--input", "1x8"],
+    "unknown layer": ["optimize", "Conv3d(3, 4)", "--input", "1x8"],
     "wrong argument count": ["optimize", "Linear(8)", "--input", "1x8"],
     "too many arguments": ["optimize", "Linear(8, 4, True, 1)", "--input", "1x8"],
     "zero size": ["optimize", "Linear(8, 0)", "--input", "1x8"],
@@ -118,6 +127,9 @@ BAD = {
     "unknown command": ["compile", "Linear(8, 4)", "--input", "1x8"],
     "unknown option": ["optimize", "Linear(8, 4)", "--input", "1x8", "--fast"],
     "json and listing": ["optimize", "Linear(8, 4)", "--input", "1x8", "--json", "--listing"],
+    "kernel larger than input": ["optimize", "Conv2d(3, 8, 7)", "--input", "1x3x5x5"],
+    "groups do not divide": ["optimize", "Conv2d(6, 8, 3, groups=4)", "--input", "1x3x6x6"],
+    "image layer on features": ["optimize", "MaxPool2d(2)", "--input", "1x8"],
     "no program within budget": ["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32",
                                  "--max-iterations", "0"],
 }
@@ -139,11 +151,12 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (BAD["unknown layer"], "Conv2d"),
+    (BAD["unknown layer"], "Conv3d"),
     (BAD["zero size"], "out_features"),
     (BAD["mismatched input"], "16"),
     (BAD["unknown target"], "tpu"),
     (BAD["malformed shape"], "1by8"),
+    (BAD["kernel larger than input"], "7x7 window"),
 ])
 def test_error_names_the_problem(argv, words, capsys):
     _, _, err = cli(argv, capsys)

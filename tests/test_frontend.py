@@ -39,7 +39,8 @@ def test_layer_spec_prints_as_a_call():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("Conv2d(3, 4)", "unknown layer 'Conv2d'"),
+    ("Conv3d(3, 4)", "unknown layer 'Conv3d'"),
+    ("Conv2d(3, 4)", "Conv2d is missing kernel_size"),
     ("relu()", "unknown layer"),
     ("nn.ReLU()", "not a constructor call"),
     ("Linear", "not a constructor call"),

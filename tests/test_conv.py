@@ -1,0 +1,145 @@
+"""Convolution and pooling: stencil terms against independent references, im2col found as an
+e-graph equivalence, end-to-end runs on brainwave, and clear errors for shapes that do not fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from egraph_rules.interpreter import Interpreter
+from egraph_rules.ir import T, comp, shape_of, tensor_type, tp, ty
+from egraph_rules.saturate import Budget, Saturator
+from frontend.layers import LayerError, build_model, parse_layer
+from frontend.spatial import Stages, Window, conv, conv_reference, conv_weight, depthwise_conv, flatten_window, to_hwc, windows
+from liftsat.api import optimize, rules_for
+from liftsat.targets import get_target
+
+
+def model(layers: list[str], shape: tuple[int, ...], values: bool = True):
+    return build_model([parse_layer(s) for s in layers], shape, values=values)
+
+
+@pytest.mark.parametrize("layers, shape", [
+    (["Conv2d(3, 8, 3, padding=1)"], (1, 3, 6, 7)),
+    (["Conv2d(3, 8, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2))", "ReLU()"], (2, 3, 9, 8)),
+    (["Conv2d(4, 4, 3, groups=4, bias=False)"], (1, 4, 6, 6)),
+    (["MaxPool2d(3, stride=2)"], (2, 5, 9, 9)),
+    (["AvgPool2d(2, padding=1)"], (1, 5, 7, 7)),
+    (["Conv2d(4, 4, 3, groups=4, padding=1)", "Conv2d(4, 6, 1)", "Tanh()", "MaxPool2d(2)"], (1, 4, 6, 6)),
+])
+def test_stencil_terms_match_the_reference(layers, shape):
+    """The IR term (Slide stencils over HWC images, read back as NCHW) evaluated by the reference
+    interpreter equals the layer definitions computed directly on NCHW arrays."""
+    m = model(layers, shape)
+    out = np.asarray(Interpreter(m.env).value(m.term)).reshape(m.output_shape)
+    assert out.shape == m.reference.shape
+    np.testing.assert_allclose(out, m.reference, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_convolution_by_hand():
+    """A 1-channel 2x2 kernel on a 3x3 image, worked out by hand."""
+    x = np.arange(9, dtype=np.float64).reshape(1, 1, 3, 3)
+    w = np.array([[[[1.0, 0.0], [0.0, -1.0]]]])
+    got = conv_reference(x, w, np.array([10.0]), Window((2, 2), (1, 1), (0, 0), (1, 1)), 1)
+    # out[i, j] = x[i, j] - x[i+1, j+1] + 10 = -4 + 10 everywhere
+    np.testing.assert_array_equal(got, np.full((1, 1, 2, 2), 6.0))
+
+
+def _im2col_pair(c: int, o: int, h: int, w: int, k: int, pad: int, depthwise_first: bool = False):
+    """A bias-free Conv2d as the frontend writes it (a Linear layer on every window of a Slide
+    stencil) and, built by hand, a GEMM of its im2col matrix [pixels][k*k*c] with the reshaped,
+    transposed weights [k*k*c][o], split back into rows of pixels. With depthwise_first, both
+    follow the same depthwise 3x3 convolution (a depthwise-separable convolution)."""
+    img_t = tensor_type("f32", (c, h, w))
+    x = T("Var", "x", img_t)
+    weight = T("Var", "W", tensor_type("f32", (o, c, k, k)))
+    win = Window((k, k), (1, 1), (pad, pad), (1, 1))
+    def start() -> Stages:
+        s = Stages(img_t).then(to_hwc(img_t))
+        if depthwise_first:
+            dw = T("Var", "Wd", tensor_type("f32", (c, 1, 3, 3)))
+            depthwise_conv(s, Window((3, 3), (1, 1), (1, 1), (1, 1)), dw, T("Var", "bd", tensor_type("f32", (c,))))
+        return s
+
+    stencil = conv(start(), win, weight, None)
+    g = windows(start(), win)
+    oh, ow = shape_of(g.t)[:2]
+    g.then(T("Join", g.t))
+    g.then(T("Map", flatten_window(g.t.args[0]), oh * ow))
+    cols_t = g.t
+    wf = conv_weight(weight)
+    wt = T("App", T("Transpose", ty(wf)), wf)
+    g.then(T("Comp", T("MMMul", tp(cols_t, ty(wt))), T("Fork", T("Id", cols_t), T("Const", wt, cols_t))))
+    g.then(T("Split", ow, g.t))
+    return T("App", comp(*reversed(stencil.parts)), x), T("App", comp(*reversed(g.parts)), x)
+
+
+def test_im2col_gemm_is_found_by_rewriting():
+    """A 3x3 convolution written as a Slide stencil and the matrix multiply of the im2col matrix
+    with the reshaped weights end up in one e-class (map fission of the window flattening, then
+    Linear -> MVMul, then a map of MVMul by one constant -> MMMul)."""
+    stencil, gemm = _im2col_pair(c=5, o=7, h=6, w=6, k=3, pad=1)
+    env = {"x": np.random.default_rng(0).standard_normal((5, 6, 6)).astype(np.float32),
+           "W": np.random.default_rng(1).standard_normal((7, 5, 3, 3)).astype(np.float32)}
+    np.testing.assert_allclose(Interpreter(env).value(stencil), Interpreter(env).value(gemm), rtol=1e-4, atol=1e-4)
+    sat = Saturator(rules_for([get_target("brainwave")]))
+    sat.add("stencil", stencil)
+    stats = sat.run(Budget())
+    assert stats.saturated
+    graph = sat.serialize({"stencil": stencil, "gemm": gemm}, stats)
+    assert graph.roots["stencil"] == graph.roots["gemm"]
+
+
+def test_pointwise_part_of_a_depthwise_separable_convolution_is_a_gemm():
+    """Depthwise 3x3 then pointwise 1x1 (the ISA Mapper demonstration): the 1x1 convolution's
+    pixels-by-channels product is, in the e-graph, one GEMM."""
+    stencil, gemm = _im2col_pair(c=6, o=4, h=5, w=5, k=1, pad=0, depthwise_first=True)
+    sat = Saturator(rules_for([get_target("brainwave")]))
+    sat.add("stencil", stencil)
+    stats = sat.run(Budget())
+    graph = sat.serialize({"stencil": stencil, "gemm": gemm}, stats)
+    assert graph.roots["stencil"] == graph.roots["gemm"]
+
+
+@pytest.mark.parametrize("layers, shape", [
+    (["Conv2d(3, 8, 3, padding=1)"], (1, 3, 6, 7)),
+    (["Conv2d(3, 8, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2))", "ReLU()"], (2, 3, 9, 8)),
+    (["Conv2d(4, 4, 3, groups=4, padding=1)", "Conv2d(4, 6, 1)"], (1, 4, 6, 6)),
+    (["MaxPool2d(3, stride=2)"], (1, 5, 9, 9)),
+    (["AvgPool2d(2, padding=1)"], (2, 5, 7, 7)),
+    (["Conv2d(3, 6, 5, stride=2)", "Sigmoid()", "MaxPool2d(2)"], (1, 3, 15, 15)),
+])
+def test_image_layers_run_on_brainwave(layers, shape):
+    r = optimize(layers, shape, native_dim=32)
+    assert r.output_shape == (shape[0], *r.reference.shape[1:])
+    assert r.max_rel_error <= 1e-4
+    assert r.egraph.saturated
+
+
+def test_a_convolution_reads_its_im2col_matrix_from_dram():
+    """The host lays out the im2col matrix; each pixel's window is one row of it, read with
+    v_rd and multiplied by pinned weights."""
+    r = optimize(["Conv2d(8, 16, 3, padding=1)"], (1, 8, 4, 4), native_dim=32)
+    assert r.weights == {"W0": "pinned", "b0": "pinned"}
+    cols = [h for h in r.program.host_buffers if any(t.op == "Slide" for t in h.expr.walk())]
+    assert 16 * 96 in [h.size for h in cols]  # 16 pixels x 72 taps padded to 96
+    assert r.ops["v_rd"] == 16 * 3
+    assert r.ops["mv_mul"] == 16 * 3  # 16 pixels x ceil(72 / 32) column tiles x 1 row tile
+
+
+@pytest.mark.parametrize("layers, shape, message", [
+    (["Conv2d(3, 8, 7)"], (1, 3, 5, 5), r"7x7 window .* larger than the padded input 5x5"),
+    (["Conv2d(3, 8, 3, dilation=3)"], (1, 3, 6, 6), r"7x7 window .*dilation 3x3.* padded input 6x6"),
+    (["Conv2d(6, 8, 3, groups=4)"], (1, 6, 6, 6), "divisible by groups 4"),
+    (["Conv2d(6, 6, 3, groups=3)"], (1, 6, 6, 6), "groups=3 is not supported"),
+    (["Conv2d(4, 8, 3)"], (1, 3, 6, 6), "expects 4 input channels, but receives 3"),
+    (["Conv2d(3, 8, 0)"], (1, 3, 6, 6), "kernel_size must be an integer >= 1"),
+    (["Conv2d(3, 8, 3, padding=-1)"], (1, 3, 6, 6), "padding must be an integer >= 0"),
+    (["Conv2d(3, 8, 3, padding_mode='reflect')"], (1, 3, 6, 6), "padding_mode 'reflect'"),
+    (["MaxPool2d(2, padding=1)"], (1, 3, 6, 6), "padding .* not supported"),
+    (["Conv2d(3, 8, 3)", "Linear(8, 4)"], (1, 3, 6, 6), "Linear layer cannot follow image layers"),
+    (["Conv2d(3, 8, 3)"], (1, 3), "need an input NxCxHxW"),
+])
+def test_bad_image_layers_are_named(layers, shape, message):
+    with pytest.raises(LayerError, match=message):
+        model(layers, shape)
