@@ -1,12 +1,11 @@
-"""Benchmark: e-graph budget for DeepBench layers (GEMM; RNN cells, one time step) and the AlexNet
-classifier layers, on brainwave: e-nodes, e-classes, iterations, saturated or why it stopped,
+"""Benchmark: e-graph budget for DeepBench layers (GEMM, convolution; RNN cells, one time step) and
+AlexNet's five convolutions and three classifier layers, on brainwave: e-nodes, e-classes, iterations, saturated or why it stopped,
 saturation and extraction seconds, and the cost model's prediction.
 
 Why: every layer must stop within 50,000 e-nodes and 2 s of saturation on this 2-core machine,
 and the e-graph must not grow with the layer's size (loops are symbolic). Where a layer does not
 saturate, the rules that matched most say what drives the growth. Only compilation is measured
 (terms are built without weight values; nothing is simulated), so the full DeepBench sizes run.
-Convolution layers are listed as not supported until Conv2d lands.
 
 Sizes come from benchmarks/deepbench.toml (DeepBench's kernels/*_problems.h, public facts).
 
@@ -29,14 +28,20 @@ from liftsat.targets import get_target
 
 SIZES = Path(__file__).with_name("deepbench.toml")
 NODE_BUDGET, SECONDS_BUDGET = 50_000, 2.0
+#: torchvision's AlexNet features: (name, layer, input N x C x H x W)
+ALEXNET_CONVS = [("alexnet conv1", "Conv2d(3, 64, 11, stride=4, padding=2)", (1, 3, 224, 224)),
+                 ("alexnet conv2", "Conv2d(64, 192, 5, padding=2)", (1, 64, 27, 27)),
+                 ("alexnet conv3", "Conv2d(192, 384, 3, padding=1)", (1, 192, 13, 13)),
+                 ("alexnet conv4", "Conv2d(384, 256, 3, padding=1)", (1, 384, 13, 13)),
+                 ("alexnet conv5", "Conv2d(256, 256, 3, padding=1)", (1, 256, 13, 13))]
 ALEXNET_CLASSIFIER = [("alexnet fc6", "Linear(9216, 4096)", 9216), ("alexnet fc7", "Linear(4096, 4096)", 4096),
                       ("alexnet fc8", "Linear(4096, 1000)", 4096)]
 
 
-def layers() -> list[tuple[str, list[str], tuple[int, int] | None]]:
+def layers() -> list[tuple[str, list[str], tuple[int, ...] | None]]:
     """(name, layer specs, input shape) for every row; shape None marks an unsupported row."""
     db = tomllib.loads(SIZES.read_text())
-    rows: list[tuple[str, list[str], tuple[int, int] | None]] = []
+    rows: list[tuple[str, list[str], tuple[int, ...] | None]] = []
     for suite, problems in db["gemm"].items():
         for m, n, k, a_t, b_t in problems:
             # DeepBench: C = op(A) op(B), A the weights; liftsat's MatMul is input . weight,
@@ -50,13 +55,15 @@ def layers() -> list[tuple[str, list[str], tuple[int, int] | None]]:
             rows.append((f"rnn {suite} h{hidden} b{batch}", [f"{cell or 'RNNCell'}({hidden}, {hidden})"],
                          (batch, hidden) if supported else None))
     for suite, problems in db["conv"].items():
-        for p in problems:
-            rows.append((f"conv {suite} {'x'.join(map(str, p[:7]))}", ["Conv2d"], None))
+        for w, h, c, n, k, s, r, pad_w, pad_h, stride_w, stride_h in problems:
+            spec = f"Conv2d({c}, {k}, ({r}, {s}), stride=({stride_h}, {stride_w}), padding=({pad_h}, {pad_w}))"
+            rows.append((f"conv {suite} {w}x{h}x{c}x{n}x{k}x{s}x{r}", [spec], (n, c, h, w)))
+    rows += [(name, [spec], shape) for name, spec, shape in ALEXNET_CONVS]
     rows += [(name, [spec], (1, fin)) for name, spec, fin in ALEXNET_CLASSIFIER]
     return rows
 
 
-def measure(specs: list[str], shape: tuple[int, int]) -> dict:
+def measure(specs: list[str], shape: tuple[int, ...]) -> dict:
     model = build_model([parse_layer(s) for s in specs], shape, values=False)
     stats, best, extract_s = compile_term(model.term, get_target("brainwave"))
     top = sorted(stats.matches_per_rule.items(), key=lambda kv: -kv[1])[:3]
@@ -85,16 +92,18 @@ def main() -> None:
         try:
             r = measure(specs, shape)
         except LayerError as exc:
-            print(f"| {name} | {' '.join(specs)} | {shape[0]}x{shape[1]} | | | | {exc} | | | | | |")
+            print(f"| {name} | {' '.join(specs)} | {'x'.join(map(str, shape))} | | | | {exc} | | | | | |")
             rows.append({"layer": name, "supported": False, "error": str(exc)})
             continue
         rows.append({"layer": name, "layers": specs, "input": list(shape), **r})
-        print(f"| {name} | {' '.join(specs)} | {shape[0]}x{shape[1]} | {r['enodes']} | {r['eclasses']} | "
+        print(f"| {name} | {' '.join(specs)} | {'x'.join(map(str, shape))} | {r['enodes']} | {r['eclasses']} | "
               f"{r['iterations']} | {r['stop']} | {r['saturation_s']:.2f} | {r['extraction_s']:.2f} | "
               f"{r['predicted_cycles']:.0f} | {'yes' if r['within_budget'] else 'NO'} | {r['growth']} |")
     flat = [measure([f"GRUCell({h}, {h})"], (1, h))["enodes"] for h in (512, 1024, 2048, 4096)]
     done = [r for r in rows if "enodes" in r]
+    convs = [measure(["Conv2d(64, 64, 3, padding=1)"], (1, 64, hw, hw))["enodes"] for hw in (14, 28, 56, 112)]
     print(f"\nGRUCell e-nodes at hidden 512, 1024, 2048, 4096: {flat} (flat: loops are symbolic)")
+    print(f"Conv2d(64, 64, 3, padding=1) e-nodes on 14x14, 28x28, 56x56, 112x112 images: {convs}")
     print(f"within budget: {sum(r['within_budget'] for r in done)} of {len(done)} supported rows; "
           f"max saturation {max(r['saturation_s'] for r in done):.2f} s, "
           f"max e-nodes {max(r['enodes'] for r in done)}")

@@ -354,7 +354,24 @@ def _movement() -> list[Rule]:
             outer_other = f"({'Snd' if pos == 'Fst' else 'Fst'} {arr})"
             outer_fork = f"(Fork {outer_moved} {outer_other})" if pos == "Fst" else f"(Fork {outer_other} {outer_moved})"
             through += chain_rewrites([f"(Map {elem_fork} n)", f"({src} {arr})"], [f"({src} {arr})", outer_fork], a)
+    def ex_store_view(rng):
+        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("ToOutput", _m(m, k)), T("Split", k, _v(k * m)))
+
+    def ex_store_map(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Comp", T("ToOutput", T("TA", _v(n), m)), T("Map", T("VVRelu", _v(n)), m))
+
     return [
+        Rule("tooutput-through-view", a, (
+            rewrite("(Comp (ToOutput t) v)", "(Comp v (ToOutput u))", a, ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
+            rewrite("(Comp (ToOutput t) (Comp v r))", "(Comp v (Comp (ToOutput u) r))", a,
+                    ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
+        ), "v only re-indexes (Split, Join, Zip, DistR, Slice, maps of these)",
+             "storing a re-indexed value = re-indexing the stored value (the reader follows the view)", ex_store_view),
+        Rule("tooutput-into-map", a, chain_rewrites(["(ToOutput (TA t n))", "(Map f n)"], ["(Map (Comp (ToOutput t) f) n)"], a),
+             "none", "storing a loop's results = storing each result in its iteration (only one result is on chip "
+             "at a time)", ex_store_map),
         Rule("tochip-elide", a, (rewrite("(Comp (ToChip sp t) g)", "g", a, ["(inspace g sp)"], subsume=True),),
              "the value is already in that memory", "ToChip . g = g when g's output already sits in that memory",
              ex_elide),

@@ -180,7 +180,8 @@ class Codegen:
         return -(-k // self.n) * self.n
 
     def allocate(self, space: str, shape: tuple[int, ...]) -> Buf:
-        if space != "dram" and shape:
+        """A buffer for computed values; each row has room for whole native vectors."""
+        if shape:
             return replace(self._allocate(space, (*shape[:-1], self.row_room(shape[-1]))), shape=shape)
         return self._allocate(space, shape)
 
@@ -214,12 +215,12 @@ class Codegen:
 
     def _has_room(self, dest: Buf | None, n: int) -> bool:
         """Whether an on-chip row destination can take n elements in place."""
-        return (dest is not None and dest.space != "dram" and len(dest.shape) == 1 and dest.strides == (1,)
+        return (dest is not None and len(dest.shape) == 1 and dest.strides == (1,)
                 and n <= self.row_room(dest.shape[0]))
 
     def host_buffer(self, expr: Term, t: Term, what: str) -> Buf:
         shape = shape_of(t)
-        buf = self.allocate("dram", shape)
+        buf = self._allocate("dram", shape)
         self.host.append(HostBuffer(buf.addr.base, math.prod(shape), expr, what))
         return replace(buf, host=expr)
 
@@ -280,6 +281,8 @@ class Codegen:
             return self.ops[a[0]].op.result_space
         if op == "ToChip":
             return a[0]
+        if op in ("ToOutput", "ToDram"):
+            return "dram"
         if op == "Pad":
             return src
         if op == "Comp":
@@ -361,7 +364,7 @@ class Codegen:
         if op == "ToChip":
             return self.to_chip(a[0], v, dest)
         if op in ("ToOutput", "ToDram"):
-            return self.to_dram(v)
+            return self.to_dram(v, dest)
         raise CodegenError(f"{op} cannot run on {self.t.name}")
 
     def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
@@ -485,9 +488,10 @@ class Codegen:
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile")
         return out
 
-    def to_dram(self, v: object) -> Buf:
-        """Write a value to a fresh DRAM buffer (a pair of equal shapes as its two rows); rows
-        are padded to whole native vectors and the returned view drops the padding."""
+    def to_dram(self, v: object, dest: Buf | None = None) -> Buf:
+        """Write a value to DRAM: into dest (an element of a loop's DRAM result, rows with room
+        for whole native vectors) or a fresh buffer (a pair of equal shapes as its two rows);
+        rows are padded to whole native vectors and the returned view drops the padding."""
         if isinstance(v, PairV):
             parts = (v.a, v.b)
             if not all(isinstance(p, Buf) for p in parts) or v.a.shape != v.b.shape:
@@ -499,7 +503,11 @@ class Codegen:
         else:
             raise CodegenError(f"cannot write a {type(v).__name__} to DRAM")
         shape = parts[0].shape
-        padded = (*shape[:-1], -(-shape[-1] // self.n) * self.n)
+        padded = (*shape[:-1], self.row_room(shape[-1]))
+        if dest is not None and len(parts) == 1:
+            self.transfer("store", self.t.store_mnemonic, replace(dest, shape=padded), replace(v, shape=padded),
+                          tile=False)
+            return dest
         out = self.allocate("dram", (len(parts), *padded))
         for k, part in enumerate(parts):
             dst = _index(out, Affine(k))

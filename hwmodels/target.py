@@ -133,6 +133,8 @@ class CycleCost:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             return (busy, 0.0, 0.0, units)
         if op in ("ToOutput", "ToDram"):
+            if nbytes(args[0]) > max(m.capacity for m in self.t.memories.values()):
+                return NEVER  # a value is stored from on-chip memory, so it must fit there
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
             return (busy, 0.0, 0.0, units)
         if op == "Dev":
