@@ -9,6 +9,7 @@ import pytest
 
 from egraph_rules.interpreter import Interpreter
 from frontend.layers import LayerError, build_model, parse_layer
+from hwmodels.isa import Instr, Loop
 from liftsat.api import compile_term, optimize
 from liftsat.cli import main
 from liftsat.targets import get_target
@@ -98,6 +99,20 @@ def test_the_program_keeps_the_time_loop():
     per_step = (runs[21].dynamic_instructions - runs[5].dynamic_instructions) / 16
     assert runs[5].dynamic_instructions < 5 * per_step + 60
     assert all(r.max_rel_error < 1e-4 for r in runs.values())
+
+
+def test_the_state_is_double_buffered():
+    """In the time loop (two steps a trip) each step writes its state (v_tanh, the last op of an
+    RNN step) to the buffer the other step reads (the operand of its W_hh product), never to
+    the one it reads itself."""
+    r = optimize(["RNN(32, 32)"], (7, 1, 32), native_dim=32)
+    time_loop = next(ins for ins in r.program.body if isinstance(ins, Loop) and ins.count == 3)
+    flat = [ins for ins in time_loop.body if isinstance(ins, Instr)]
+    writes = [ins.dst.addr for ins in flat if ins.mnemonic == "v_tanh"]
+    assert len(writes) == 2 and writes[0] != writes[1]
+    state_reads = [ins.srcs[1].addr for ins in flat if ins.mnemonic == "mv_mul" and ins.srcs[1].addr in writes]
+    assert state_reads == [writes[1], writes[0]]
+    assert r.max_rel_error < 1e-4
 
 
 def test_one_and_two_time_steps():
