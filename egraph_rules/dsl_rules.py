@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, ta, tensor_type, ts
+from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, ta, tensor_type, ts
 from egraph_rules.rules import Rule, rewrite
 
 
@@ -80,6 +80,33 @@ def _lstm_rhs() -> str:
     return f"(Fork {c.op2('VVMul', o, c.op1('VVTanh', c2))} {c2})"
 
 
+def _rnn_rhs(nonlinearity: str) -> str:
+    """act(W_ih x + b_ih + W_hh h + b_hh) over the pair (x, h), act the cell's nonlinearity."""
+    p = "(TP (TA s ni) (TA s nh))"
+    v = "(TA s nh)"
+
+    def mv(w: str, cols: str, operand: str) -> str:
+        return f"(Comp (MVMul (TP (TA (TA s {cols}) nh) (TA s {cols}))) (Fork (Const {w} {p}) {operand}))"
+
+    def add(f: str, g: str) -> str:
+        return f"(Comp (VVAdd (TP {v} {v})) (Fork {f} {g}))"
+
+    gate_x = add(mv("wi", "ni", f"(Fst {p})"), f"(Const bi {p})")
+    pre = add(gate_x, add(mv("wh", "nh", f"(Snd {p})"), f"(Const bh {p})"))
+    return f"(Comp ({RNN_NONLINEARITIES[nonlinearity]} {v}) {pre})"
+
+
+def _rnn_example(nonlinearity: str):
+    def example(rng: np.random.Generator) -> Term:
+        ni, nh = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        s = ts("f32")
+        ws = [T("Var", "Wi", tensor_type("f32", (nh, ni))), T("Var", "Wh", tensor_type("f32", (nh, nh))),
+              T("Var", "bi", ta(s, nh)), T("Var", "bh", ta(s, nh))]
+        return T("RNNCell", *ws, nonlinearity, T("TP", ta(s, ni), ta(s, nh)))
+
+    return example
+
+
 def _cell_example(op: str):
     def example(rng: np.random.Generator) -> Term:
         ni, nh = int(rng.integers(1, 6)), int(rng.integers(1, 6))
@@ -148,5 +175,14 @@ def dsl_rules() -> list[Rule]:
             "none",
             "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
             _cell_example("LSTMCell"),
+        ),
+        Rule(
+            "rnncell-to-gates",
+            "dsl",
+            tuple(rewrite(f'(RNNCell wi wh bi bh "{act}" (TP (TA s ni) (TA s nh)))', _rnn_rhs(act), "dsl")
+                  for act in RNN_NONLINEARITIES),
+            "none",
+            "RNNCell = act(W_ih x + b_ih + W_hh h + b_hh), act tanh or relu (its nonlinearity)",
+            *(_rnn_example(act) for act in RNN_NONLINEARITIES),
         ),
     ]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from egraph_rules.ir import DTYPE_BYTES, IRTypeError, Term, dtype_name
+from egraph_rules.ir import DTYPE_BYTES, RNN_NONLINEARITIES, IRTypeError, Term, dtype_name
 
 Value = np.ndarray | tuple | list
 
@@ -69,6 +69,12 @@ def lstm_cell(w_ih, w_hh, b_ih, b_hh, x, h, c):
     cand, o = np.tanh(g[2 * n_h : 3 * n_h]), _sigmoid(g[3 * n_h :])
     c2 = f * c + i * cand
     return (o * np.tanh(c2), c2)
+
+
+def rnn_cell(w_ih, w_hh, b_ih, b_hh, x, h, nonlinearity):
+    """PyTorch's RNNCell: h' = act(W_ih x + b_ih + W_hh h + b_hh), act tanh or relu."""
+    g = w_ih @ x + b_ih + w_hh @ h + b_hh
+    return UNARY[RNN_NONLINEARITIES[nonlinearity]](g)
 
 
 def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
@@ -162,6 +168,8 @@ class Interpreter:
             return gru_cell(*(self.value(w) for w in a[:4]), x[0], x[1])
         if op == "LSTMCell":
             return lstm_cell(*(self.value(w) for w in a[:4]), x[0], *x[1])
+        if op == "RNNCell":
+            return rnn_cell(*(self.value(w) for w in a[:4]), x[0], x[1], a[4])
         if op == "Split":
             items, k = _items(x), a[0]
             return _stack([_stack(items[i : i + k]) for i in range(0, len(items), k)])

@@ -19,6 +19,9 @@ Arg = Union["Term", int, str]
 #: element types and their widths in bytes
 DTYPE_BYTES: dict[str, int] = {"f32": 4, "f16": 2, "f8": 1, "i32": 4, "i8": 1}
 
+#: RNNCell's nonlinearities and the elementwise function each one is
+RNN_NONLINEARITIES: dict[str, str] = {"tanh": "VVTanh", "relu": "VVRelu"}
+
 #: constructor name -> (sort, argument sorts); the single source for egglog and Python
 SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # types
@@ -72,6 +75,8 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # GRUCell: (x, h) -> h'; LSTMCell: (x, (h, c)) -> (h', c')
     "GRUCell": ("F", ("E", "E", "E", "E", "Ty")),
     "LSTMCell": ("F", ("E", "E", "E", "E", "Ty")),
+    # vanilla RNN cell, PyTorch layout, nonlinearity "tanh" or "relu": (x, h) -> h'
+    "RNNCell": ("F", ("E", "E", "E", "E", "String", "Ty")),
     # address spaces: move to a named on-chip memory, to DRAM, to the output buffer
     "ToChip": ("F", ("String", "Ty")),
     "ToDram": ("F", ("Ty",)),
@@ -331,6 +336,16 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         if op == "LSTMCell" and state.args[1] != h:
             raise IRTypeError(f"LSTMCell cell state {state.args[1]} does not match hidden state {h}")
         return state
+    if op == "RNNCell":
+        x, h = _pair(a[5], op)
+        (_, nx), (_, nh) = _vec(x, op), _vec(h, op)
+        want = [tensor_type(dtype_name(h), (nh, nx)), tensor_type(dtype_name(h), (nh, nh)), h, h]
+        for what, e, w in zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), a[:4], want):
+            if ty(e) != w:
+                raise IRTypeError(f"RNNCell {what} is {ty(e)}, expected {w}")
+        if a[4] not in RNN_NONLINEARITIES:
+            raise IRTypeError(f"RNNCell nonlinearity {a[4]!r} is not one of {', '.join(RNN_NONLINEARITIES)}")
+        return h
     if op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
         x, y = _pair(a[0], op)
         _vec(x, op)

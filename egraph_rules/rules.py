@@ -88,6 +88,7 @@ LEAF_FOUT = {
     "Concat": ("(Concat (TP (TA a n) (TA a m)))", "(TA a (+ n m))"),
     "GRUCell": ("(GRUCell wi wh bi bh (TP x h))", "h"),
     "LSTMCell": ("(LSTMCell wi wh bi bh (TP x s))", "s"),
+    "RNNCell": ("(RNNCell wi wh bi bh act (TP x h))", "h"),
     "VVRelu": ("(VVRelu t)", "t"),
     "VVTanh": ("(VVTanh t)", "t"),
     "VVSigm": ("(VVSigm t)", "t"),
@@ -180,6 +181,7 @@ def analysis_program() -> str:
     rule("(= f (Comp g h)) (inspace g sp)", "(inspace f sp)")
     rule("(= f (Map g n)) (inspace g sp)", "(inspace f sp)")
     rule("(= f (Reduce g t)) (inspace g sp)", "(inspace f sp)")
+    rule("(= f (Fold g t)) (inspace g sp)", "(inspace f sp)")
     rule("(= f (Fork g h)) (inspace g sp) (inspace h sp)", "(inspace f sp)")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts
+from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts, ty
 from frontend.spatial import (Stages, Window, conv, conv_reference, depthwise_conv, elementwise, pool,
                               pool_reference, to_chw, to_hwc)
 
@@ -51,10 +51,21 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
                                      "ceil_mode": False}),
     "AvgPool2d": (("kernel_size",), {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
                                      "divisor_override": None}),
+    "RNNCell": (("input_size", "hidden_size"), {"bias": True, "nonlinearity": "tanh"}),
+    "GRU": (("input_size", "hidden_size"), {"num_layers": 1, "bias": True, "batch_first": False}),
+    "LSTM": (("input_size", "hidden_size"), {"num_layers": 1, "bias": True, "batch_first": False}),
+    "RNN": (("input_size", "hidden_size"), {"num_layers": 1, "nonlinearity": "tanh", "bias": True,
+                                            "batch_first": False}),
 }
 #: layers over images (N x C x H x W inputs); activations work on both kinds of input
 SPATIAL = {"Conv2d", "MaxPool2d", "AvgPool2d"}
-CELLS = {"GRUCell": 3, "LSTMCell": 4}
+CELLS = {"GRUCell": 3, "LSTMCell": 4, "RNNCell": 1}
+#: recurrent layers over time (input TxBxF) and the cell each one steps
+SEQUENCES = {"GRU": "GRUCell", "LSTM": "LSTMCell", "RNN": "RNNCell"}
+#: string arguments and the values they take
+CHOICES: dict[str, tuple[str, ...]] = {"nonlinearity": tuple(RNN_NONLINEARITIES), "padding_mode": ("zeros",)}
+#: window sizes of image layers: an int or a pair (rows, columns), checked by _window
+WINDOW = {"kernel_size", "stride", "padding", "dilation"}
 ACTIVATIONS = {"ReLU": ("VVRelu", lambda x: np.maximum(x, 0)), "Tanh": ("VVTanh", np.tanh),
                "Sigmoid": ("VVSigm", lambda x: 1 / (1 + np.exp(-x)))}
 
@@ -74,7 +85,7 @@ def parse_layer(text: str) -> LayerSpec:
         args = tuple(ast.literal_eval(a) for a in node.args)
         kwargs = tuple((k.arg, ast.literal_eval(k.value)) for k in node.keywords)
     except ValueError:
-        raise LayerError(f"{name}: arguments must be literal numbers or booleans in {text!r}") from None
+        raise LayerError(f"{name}: arguments must be literal numbers, booleans or strings in {text!r}") from None
     if any(k is None for k, _ in kwargs):
         raise LayerError(f"{name}: **kwargs are not accepted")
     return LayerSpec(name, args, kwargs)
@@ -100,26 +111,35 @@ def bind(spec: LayerSpec) -> dict[str, object]:
     for k, v in defaults.items():
         params.setdefault(k, v)
     for p in positional:
-        if p == "kernel_size":  # an int or a pair, checked with the other window sizes
+        if p in WINDOW:  # an int or a pair, checked with the other window sizes
             continue
         v = params[p]
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise LayerError(f"{spec.name}: {p} must be a positive integer, got {v!r}")
     for k, d in defaults.items():
+        if k in WINDOW:
+            continue
         if isinstance(d, bool) and not isinstance(params[k], bool):
             raise LayerError(f"{spec.name}: {k} must be True or False, got {params[k]!r}")
+        if isinstance(d, str) and params[k] not in CHOICES[k]:
+            raise LayerError(f"{spec.name}: {k} must be one of {', '.join(map(repr, CHOICES[k]))}, got {params[k]!r}")
+        if isinstance(d, int) and not isinstance(d, bool) and (not isinstance(params[k], int)
+                                                                or isinstance(params[k], bool) or params[k] <= 0):
+            raise LayerError(f"{spec.name}: {k} must be a positive integer, got {params[k]!r}")
     return params
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """Parse an input shape: `1x1024` (batch x features) or `1x3x224x224` (N x C x H x W)."""
+    """Parse an input shape: `1x1024` (BxF), `50x16x512` (TxBxF, for GRU, LSTM, RNN) or
+    `1x3x224x224` (NxCxHxW, for image layers)."""
     try:
         dims = tuple(int(d) for d in text.lower().split("x"))
     except ValueError:
-        raise LayerError(f"input shape {text!r} is not of the form BxF or NxCxHxW, e.g. 1x1024") from None
-    if len(dims) not in (2, 4) or any(d <= 0 for d in dims):
-        raise LayerError(f"input shape {text!r} must be positive sizes BxF (batch x features) "
-                         f"or NxCxHxW (images)")
+        raise LayerError(f"input shape {text!r} is not of the form BxF, TxBxF or NxCxHxW, e.g. 1x1024") from None
+    if len(dims) not in (2, 3, 4) or any(d <= 0 for d in dims):
+        raise LayerError(f"input shape {text!r} must be two positive sizes BxF (batch x features), "
+                         f"three, TxBxF (time x batch x features), for GRU, LSTM and RNN, "
+                         f"or four, NxCxHxW, for image layers")
     return dims
 
 
@@ -154,11 +174,13 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 
 
-def _cell_reference(kind: str, x: np.ndarray, state, w_ih, w_hh, b_ih, b_hh):
-    """PyTorch's documented GRUCell / LSTMCell equations, batched, in float64."""
-    h = state if kind == "GRUCell" else state[0]
+def _cell_reference(kind: str, x: np.ndarray, state, w_ih, w_hh, b_ih, b_hh, nonlinearity: str = "tanh"):
+    """PyTorch's documented GRUCell / LSTMCell / RNNCell equations, batched, in float64."""
+    h = state if kind != "LSTMCell" else state[0]
     n_h = h.shape[1]
     gi, gh = x @ w_ih.T + b_ih, h @ w_hh.T + b_hh
+    if kind == "RNNCell":
+        return np.tanh(gi + gh) if nonlinearity == "tanh" else np.maximum(gi + gh, 0)
     if kind == "GRUCell":
         r = _sigmoid(gi[:, :n_h] + gh[:, :n_h])
         z = _sigmoid(gi[:, n_h : 2 * n_h] + gh[:, n_h : 2 * n_h])
@@ -209,12 +231,11 @@ class _Builder:
         self.width = out
         return ref
 
-    def cell(self, i: int, spec: LayerSpec, p: dict, ref: np.ndarray) -> object:
-        kind, gates = spec.name, CELLS[spec.name]
-        if self.state is not None:
-            raise LayerError(f"layer {i + 1} {spec}: only one recurrent cell per layer stack is supported")
-        if kind == "LSTMCell" and self.batch > 1:
-            raise LayerError(f"layer {i + 1} {spec}: LSTMCell runs at batch 1 for now, got batch {self.batch}")
+    def cell_term(self, i: int, spec: LayerSpec, p: dict) -> tuple[Term, Term, object]:
+        """A cell's IR function over (x, state), its per-row state type, and a random initial
+        state of every batch row (h, or the pair (h, c) for an LSTM)."""
+        kind = SEQUENCES.get(spec.name, spec.name)
+        gates = CELLS[kind]
         n_i, n_h = p["input_size"], p["hidden_size"]
         _check_size(f"layer {i + 1} {spec}: the weight", gates * n_h, max(n_i, n_h))
         bound = 1 / math.sqrt(n_h)
@@ -227,20 +248,30 @@ class _Builder:
                     self.env[name] = np.zeros(gates * n_h, np.float32)
                 ws.append(T("Var", name, ta(self.s, gates * n_h)))
         h_t = ta(self.s, n_h)
-        state_t = h_t if kind == "GRUCell" else tp(h_t, h_t)
+        state_t = h_t if kind != "LSTMCell" else tp(h_t, h_t)
         states = [self.rng.standard_normal((self.batch, n_h)).astype(np.float32) if self.rng is not None else None
-                  for _ in range(gates - 2)]
-        value = states[0] if kind == "GRUCell" else tuple(states)
-        self.state = (kind, state_t, value)
-        pair_t = tp(ta(self.s, self.feats), state_t)
-        feed = T("Fork", comp(*reversed(self.stages), T("Fst", pair_t)), T("Snd", pair_t))
-        self.stages = [T("Comp", T(kind, *ws, tp(ta(self.s, n_i), state_t)), feed)]
+                  for _ in range(2 if kind == "LSTMCell" else 1)]
+        value = states[0] if kind != "LSTMCell" else tuple(states)
+        extra = (p["nonlinearity"],) if kind == "RNNCell" else ()
         self.macs += self.batch * gates * n_h * (n_i + n_h)
         self.width = n_h
+        return T(kind, *ws, *extra, tp(ta(self.s, n_i), state_t)), state_t, value
+
+    def cell_weights(self, i: int) -> list[np.ndarray]:
+        """The float64 weights of the cell of layer i: weight_ih, weight_hh, bias_ih, bias_hh."""
+        return [self.env[n].astype(np.float64) for n in (f"Wih{i}", f"Whh{i}", f"bih{i}", f"bhh{i}")]
+
+    def cell(self, i: int, spec: LayerSpec, p: dict, ref: np.ndarray) -> object:
+        if self.state is not None:
+            raise LayerError(f"layer {i + 1} {spec}: only one recurrent cell per layer stack is supported")
+        cell, state_t, value = self.cell_term(i, spec, p)
+        self.state = (spec.name, state_t, value)
+        pair_t = tp(ta(self.s, self.feats), state_t)
+        feed = T("Fork", comp(*reversed(self.stages), T("Fst", pair_t)), T("Snd", pair_t))
+        self.stages = [T("Comp", cell, feed)]
         if ref is None:
             return None
-        w = [self.env[n].astype(np.float64) for n in (f"Wih{i}", f"Whh{i}", f"bih{i}", f"bhh{i}")]
-        return _cell_reference(kind, ref, value, *w)
+        return _cell_reference(spec.name, ref, value, *self.cell_weights(i), p.get("nonlinearity", "tanh"))
 
 
 def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generator | None, dtype: str) -> Model:
@@ -301,7 +332,7 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
         elementwise(s, op)
         return fn(ref) if ref is not None else None
     if spec.name not in SPATIAL:
-        raise LayerError(f"{where}: a {spec.name} layer cannot follow image layers (its input is "
+        raise LayerError(f"{where}: a {spec.name} layer cannot take an image (its input is "
                          f"{c}x{h}x{w} channels x rows x columns)")
     win = _window(where, p, p.get("stride"))
     if spec.name == "MaxPool2d":
@@ -321,8 +352,6 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
     if spec.name == "Conv2d":
         if p["in_channels"] != c:
             raise LayerError(f"{where}: expects {p['in_channels']} input channels, but receives {c}")
-        if p["padding_mode"] != "zeros":
-            raise LayerError(f"{where}: padding_mode {p['padding_mode']!r} is not supported (only 'zeros')")
         if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
             raise LayerError(f"{where}: groups must be a positive integer, got {groups!r}")
         if c % groups or p["out_channels"] % groups:
@@ -395,6 +424,75 @@ def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], see
                  b.wbytes, io, dtype, b.weights)
 
 
+def _state_input(kind: str, state_t: Term, value: object, batch: int, env: dict[str, np.ndarray]) -> Term:
+    """The value term of a cell's initial state over the batch (h; for an LSTM the pair (h, c),
+    zipped per row at batch > 1), its values put in env (when there are values)."""
+    names = ("h",) if kind != "LSTMCell" else ("h", "c")
+    parts = (value,) if kind != "LSTMCell" else value
+    row_t = state_t if kind != "LSTMCell" else state_t.args[0]
+    terms = [T("Var", name, row_t if batch == 1 else ta(row_t, batch)) for name in names]
+    for name, v in zip(names, parts):
+        if v is not None:
+            env[name] = v if batch > 1 else v[0]
+    if kind != "LSTMCell":
+        return terms[0]
+    pair = T("Pair", *terms)
+    return pair if batch == 1 else T("App", T("Zip", tp(ta(row_t, batch), ta(row_t, batch))), pair)
+
+
+def _sequence_model(layers: list[LayerSpec], shape: tuple[int, ...], seed: int, dtype: str, values: bool) -> Model:
+    """A recurrent layer over time (GRU, LSTM, RNN), input TxBxF: a Fold over the time steps
+    whose step is the cell; returns the last hidden state h_T (for an LSTM, (h_T, c_T))."""
+    recurrent = [s for s in layers if s.name in SEQUENCES]
+    if not recurrent:
+        raise LayerError(f"input shape {'x'.join(map(str, shape))} is TxBxF (time x batch x features), which only "
+                         f"GRU, LSTM and RNN take; {layers[0]} takes BxF")
+    spec = recurrent[0]
+    if len(layers) != 1:
+        raise LayerError(f"{spec}: a recurrent layer over time (GRU, LSTM, RNN) must be the only layer for now")
+    p = bind(spec)
+    if len(shape) != 3:
+        raise LayerError(f"layer 1 {spec}: expects a TxBxF input (time x batch x features), "
+                         f"got {len(shape)} dimensions {'x'.join(map(str, shape))}")
+    if p["num_layers"] != 1:
+        raise LayerError(f"layer 1 {spec}: num_layers={p['num_layers']} is not supported yet (one layer)")
+    if p["batch_first"]:
+        raise LayerError(f"layer 1 {spec}: batch_first=True is not supported; give the input as TxBxF")
+    steps, batch, feats = shape
+    if p["input_size"] != feats:
+        raise LayerError(f"layer 1 {spec}: expects {p['input_size']} input features, but receives {feats}")
+    _check_size("the input", steps, batch, feats)
+    rng = np.random.default_rng(seed) if values else None
+    b = _Builder(batch, feats, rng, dtype)
+    kind = SEQUENCES[spec.name]
+    x = rng.standard_normal((steps, batch, feats)).astype(np.float32) if rng is not None else None
+    cell, state_t, value = b.cell_term(0, spec, p)
+    x_row = ta(b.s, feats)
+    pair_t = tp(state_t, x_row)
+    step = T("Comp", cell, T("Fork", T("Snd", pair_t), T("Fst", pair_t)))
+    if batch > 1:
+        step = T("Comp", T("Map", step, batch), T("Zip", tp(ta(state_t, batch), ta(x_row, batch))))
+    env = b.env
+    init = _state_input(kind, state_t, value, batch, env)
+    xs = T("Var", "x", ta(x_row if batch == 1 else ta(x_row, batch), steps))
+    if x is not None:
+        env["x"] = x if batch > 1 else x[:, 0, :]
+    fold = T("Fold", step, tp(ty(init), ty(xs)))
+    program = comp(T("ToOutput", fout(fold)), fold)
+    n_h = p["hidden_size"]
+    states = 2 if kind == "LSTMCell" else 1
+    out_shape = (2, batch, n_h) if kind == "LSTMCell" else (batch, n_h)
+    reference = None
+    if x is not None:
+        ref: object = value if kind != "LSTMCell" else np.stack(value)
+        for t in range(steps):
+            ref = _cell_reference(kind, x[t].astype(np.float64), ref, *b.cell_weights(0), p.get("nonlinearity", "tanh"))
+        reference = np.asarray(ref, dtype=np.float32)
+    io = (steps * batch * feats + states * batch * n_h + math.prod(out_shape)) * 4
+    return Model(list(layers), shape, out_shape, T("App", program, T("Pair", init, xs)), env, reference,
+                 b.macs * steps, b.wbytes, io, dtype, b.weights)
+
+
 def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
                 values: bool = True) -> Model:
     """Build the program term App(ToOutput . layers, input). Batch 1 is a vector program; larger
@@ -404,6 +502,8 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
         raise LayerError("no layers given")
     if not isinstance(seed, int) or seed < 0:
         raise LayerError(f"seed must be a non-negative integer, got {seed!r}")
+    if len(input_shape) == 3 or any(spec.name in SEQUENCES for spec in layers):
+        return _sequence_model(list(layers), tuple(input_shape), seed, dtype, values)
     if any(spec.name in SPATIAL for spec in layers) or len(input_shape) == 4:
         return build_image_model(layers, tuple(input_shape), seed, dtype, values)
     if len(input_shape) != 2:
@@ -444,14 +544,7 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
     else:
         kind, state_t, value = b.state
         xv_ = T("Var", "x", x_row if batch == 1 else ta(x_row, batch))
-        if kind == "GRUCell":
-            if x is not None:
-                env["h"] = value if batch > 1 else value[0]
-            sv = T("Var", "h", state_t if batch == 1 else ta(state_t, batch))
-        else:
-            if x is not None:
-                env["h"], env["c"] = value[0][0], value[1][0]
-            sv = T("Pair", T("Var", "h", state_t.args[0]), T("Var", "c", state_t.args[1]))
+        sv = _state_input(kind, state_t, value, batch, env)
         xv = T("Pair", xv_, sv) if batch == 1 else T("App", T("Zip", tp(ta(x_row, batch), ta(state_t, batch))),
                                                      T("Pair", xv_, sv))
     if batch == 1:

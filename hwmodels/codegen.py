@@ -122,21 +122,42 @@ def _stages(f: Term) -> list[Term]:
     return _stages(f.args[0]) + _stages(f.args[1]) if f.op == "Comp" else [f]
 
 
+def _core(f: Term) -> tuple[list[Term], Term, Term | None]:
+    """f as views . head . pre: its trailing re-indexings (the one applied last first), the stage
+    that produces its result, and what runs before that stage (None: nothing)."""
+    stages = _stages(f)
+    k = 0
+    while k < len(stages) - 1 and _is_view(stages[k]):
+        k += 1
+    rest = stages[k + 1 :]
+    return stages[:k], stages[k], comp(*rest) if rest else None
+
+
+def _index_store(store: object, i: Affine) -> object:
+    """Element i of a storage (a buffer, or a pair of storages)."""
+    if isinstance(store, PairV):
+        return PairV(_index_store(store.a, i), _index_store(store.b, i))
+    return _index(store, i)
+
+
+def _as_array(v: object, n: int) -> object:
+    """A pair of arrays of n elements as the array of n pairs it stores."""
+    if isinstance(v, PairV):
+        return ArrP(_as_array(v.a, n), _as_array(v.b, n), True, True, n)
+    return v
+
+
 def _peel_views(body: Term) -> tuple[list[Term], Term]:
     """A loop body split into its trailing re-indexings (applied last, listed first) and the core
     before them; a nested loop's trailing re-indexings come out as maps of them, so every level
     of a loop nest writes its core results in place."""
-    stages = _stages(body)
-    k = 0
-    while k < len(stages) - 1 and _is_view(stages[k]):
-        k += 1
-    views, rest = stages[:k], stages[k:]
-    if rest[0].op == "Map":
-        inner_views, inner_core = _peel_views(rest[0].args[0])
-        m = rest[0].args[1]
-        views += [Term("Map", (v, m)) for v in inner_views]
-        rest = [Term("Map", (inner_core, m)), *rest[1:]] if inner_views else rest
-    return views, comp(*rest)
+    views, head, pre = _core(body)
+    if head.op == "Map":
+        inner_views, inner_core = _peel_views(head.args[0])
+        m = head.args[1]
+        views = views + [Term("Map", (v, m)) for v in inner_views]
+        head = Term("Map", (inner_core, m))
+    return views, head if pre is None else Term("Comp", (head, pre))
 
 
 def _layout_only(f: Term, pad: bool) -> bool:
@@ -288,7 +309,7 @@ class Codegen:
         if op == "Comp":
             inner = self.result_space(a[1], src)
             return inner if _is_view(a[0]) else self.result_space(a[0], inner)
-        if op in ("Map", "Reduce"):
+        if op in ("Map", "Reduce", "Fold"):
             return self.result_space(a[0], src)
         return None
 
@@ -355,8 +376,12 @@ class Codegen:
             return ArrP(v.a, v.b, True, False, a[0].args[0].args[1])
         if op == "Pad":
             return self.pad_on_chip(f, v, dest)
+        if op == "Map" and dest is None and fout(a[0]).op == "TP":
+            return self.place(f, v, self.storage(f))
         if op == "Map":
             return self.map(a[0], a[1], v, dest)
+        if op == "Fold":
+            return self.fold(a[0], a[1].args[1].args[1], v, dest)
         if op == "Reduce":
             return self.reduce(a[0], a[1].args[1], v, dest)
         if op == "Dev":
@@ -410,6 +435,81 @@ class Codegen:
             self.loop(n - 2, lambda i: step(acc, _index(v, i + 2)))
         self.shared = before  # what was computed from the accumulator is stale once it is updated
         return acc
+
+    def storage(self, f: Term, lead: tuple[int, ...] = ()) -> object:
+        """Fresh buffers for the result of f before its trailing re-indexings (a pair of
+        storages for a pair), with `lead` outer dimensions (one per enclosing Map)."""
+        _, head, _ = _core(f)
+        if head.op == "Fork":
+            return PairV(self.storage(head.args[0], lead), self.storage(head.args[1], lead))
+        if head.op == "Map":
+            return self.storage(head.args[0], (*lead, head.args[1]))
+        space = self.result_space(head)
+        if space is None:
+            raise CodegenError(f"cannot tell where the results of {head.op} live")
+        return self.allocate(space, (*lead, *shape_of(fout(head))))
+
+    def viewed(self, f: Term, store: object, depth: int) -> object:
+        """The value of f's result whose core is held in store (re-indexed at dimension depth)."""
+        views, head, _ = _core(f)
+        if head.op == "Fork":
+            if depth > 1:
+                raise CodegenError("pairs inside nested Maps are not supported")
+            out = PairV(self.viewed(head.args[0], store.a, depth), self.viewed(head.args[1], store.b, depth))
+        elif head.op == "Map":
+            out = _as_array(self.viewed(head.args[0], store, depth + 1), head.args[1])
+        else:
+            out = store
+        for view in reversed(views):
+            out = _view(view, out, depth)
+        return out
+
+    def place(self, f: Term, v: object, store: object) -> object:
+        """Compile f applied to v so that its result, before its trailing re-indexings, is
+        written into store (from `storage(f)`); returns the result."""
+        _, head, pre = _core(f)
+        w = self.apply(pre, v) if pre is not None else v
+        if head.op == "Fork":
+            self.place(head.args[0], w, store.a)
+            self.place(head.args[1], w, store.b)
+        elif head.op == "Map":
+            self.loop(head.args[1], lambda i: self.place(head.args[0], _index(w, i), _index_store(store, i)))
+        elif self.apply(head, w, store) != store:
+            raise CodegenError(f"{head.op} does not produce its result in place")
+        return self.viewed(f, store, 0)
+
+    def fold(self, step: Term, n: int, v: object, dest: Buf | None) -> object:
+        """A loop carrying a state on chip: the first step reads the initial state, then the
+        steps alternate between two state buffers (two steps per loop iteration), so no step
+        overwrites the state it reads; a last step runs after the loop when n - 1 is odd."""
+        if dest is not None:
+            raise CodegenError("a Fold cannot write into a given destination")
+        if not isinstance(v, PairV):
+            raise CodegenError("a Fold applies to a pair (initial state, array)")
+        init, xs = v.a, v.b
+        first, second = self.storage(step), self.storage(step)
+        state = self.fold_step(step, PairV(init, _index(xs, Affine(0))), first)
+        pairs, odd = divmod(n - 1, 2)
+
+        def two(j: Affine) -> None:
+            i = j.scaled(2) + 1
+            mid = self.fold_step(step, PairV(state, _index(xs, i)), second)
+            if self.fold_step(step, PairV(mid, _index(xs, i + 1)), first) != state:
+                raise CodegenError("a Fold step does not return its state in the layout it reads")
+
+        if pairs:
+            self.loop(pairs, two)
+        if odd:
+            state = self.fold_step(step, PairV(state, _index(xs, Affine(n - 1))), second)
+        return state
+
+    def fold_step(self, step: Term, v: object, store: object) -> object:
+        """One step of a Fold into store; values it computes are not shared with other steps
+        (they read a state buffer that later steps overwrite)."""
+        shared = dict(self.shared)
+        out = self.place(step, v, store)
+        self.shared = shared
+        return out
 
     def pad_on_chip(self, f: Term, v: object, dest: Buf | None) -> Buf:
         """Zero padding of a computed vector: each native vector of the result is the source's
@@ -496,6 +596,8 @@ class Codegen:
             parts = (v.a, v.b)
             if not all(isinstance(p, Buf) for p in parts) or v.a.shape != v.b.shape:
                 raise CodegenError("only a pair of equally shaped arrays can be written out")
+        elif isinstance(v, ArrP) and v.ia and v.ib:
+            return self.to_dram(PairV(v.a, v.b))
         elif isinstance(v, Buf):
             if v.space == "dram":
                 return v

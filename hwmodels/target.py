@@ -123,6 +123,8 @@ class CycleCost:
         if op == "Reduce":
             n = args[1].args[1]
             return _scale(kids[0], max(n - 1, 0))
+        if op == "Fold":
+            return _scale(kids[0], args[1].args[1].args[1])
         if op == "Const":
             return ZERO if self.scalar(kids[0]) < INF else NEVER
         if op == "ToChip":

@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     o = sub.add_parser("optimize", help="compile layers for a target, simulate, report")
     o.add_argument("layers", nargs="+", help='PyTorch-style layers applied in order, e.g. "Linear(1024, 1000)" "ReLU()"')
     o.add_argument("--input", required=True,
-                   help="input shape: BxF (batch x features), e.g. 1x1024, or NxCxHxW for image layers, e.g. 1x3x32x32")
+                   help="input shape: BxF (batch x features), e.g. 1x1024; TxBxF (time first) for GRU, LSTM, "
+                        "RNN; NxCxHxW for image layers, e.g. 1x3x32x32")
     o.add_argument("--target", default="brainwave",
                    help="built-in target name, or the path of a .toml target description (default brainwave)")
     o.add_argument("--native-dim", type=int, help="native dimension of the target (brainwave: 128, 64 or 32)")

@@ -20,7 +20,6 @@ def model(layers: list[str], shape: tuple[int, int]):
 
 @pytest.mark.parametrize("layers, shape, message", [
     (["GRUCell(8, 4)", "GRUCell(4, 4)"], (1, 8), "only one recurrent cell"),
-    (["LSTMCell(8, 4)"], (2, 8), "LSTMCell runs at batch 1"),
     (["LSTMCell(8, 4)", "ReLU()"], (1, 8), "must be the last layer"),
     (["GRUCell(6, 4)"], (1, 8), "expects 6 input features, but receives 8"),
     (["GRUCell(8, 0)"], (1, 8), "hidden_size must be a positive integer"),

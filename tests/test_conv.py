@@ -135,9 +135,9 @@ def test_a_convolution_reads_its_im2col_matrix_from_dram():
     (["Conv2d(4, 8, 3)"], (1, 3, 6, 6), "expects 4 input channels, but receives 3"),
     (["Conv2d(3, 8, 0)"], (1, 3, 6, 6), "kernel_size must be an integer >= 1"),
     (["Conv2d(3, 8, 3, padding=-1)"], (1, 3, 6, 6), "padding must be an integer >= 0"),
-    (["Conv2d(3, 8, 3, padding_mode='reflect')"], (1, 3, 6, 6), "padding_mode 'reflect'"),
+    (["Conv2d(3, 8, 3, padding_mode='reflect')"], (1, 3, 6, 6), "padding_mode must be one of 'zeros', got 'reflect'"),
     (["MaxPool2d(2, padding=1)"], (1, 3, 6, 6), "padding .* not supported"),
-    (["Conv2d(3, 8, 3)", "Linear(8, 4)"], (1, 3, 6, 6), "Linear layer cannot follow image layers"),
+    (["Conv2d(3, 8, 3)", "Linear(8, 4)"], (1, 3, 6, 6), "Linear layer cannot take an image"),
     (["Conv2d(3, 8, 3)"], (1, 3), "need an input NxCxHxW"),
 ])
 def test_bad_image_layers_are_named(layers, shape, message):

@@ -109,8 +109,8 @@ def test_accepted_shapes(text, shape):
     assert parse_shape(text) == shape
 
 
-@pytest.mark.parametrize("text", ["1024", "1x2x3", "0x4", "4x0", "-1x4", "1x-4", "axb", "1x", "x4", "", "1.5x3",
-                                  "1*1024", "1,1024"])
+@pytest.mark.parametrize("text", ["1024", "1x2x3x4x5", "2x0x4", "0x4", "4x0", "-1x4", "1x-4", "axb", "1x", "x4", "",
+                                  "1.5x3", "1*1024", "1,1024"])
 def test_rejected_shapes(text):
     with pytest.raises(LayerError, match="input shape"):
         parse_shape(text)
@@ -202,7 +202,8 @@ def test_seed_determines_everything(seed):
     (["Linear(16, 4)"], (1, 8), "expects 16 input features, but receives 8"),
     (["Linear(8, 4)", "Linear(8, 2)"], (1, 8), "layer 2"),
     ([], (1, 8), "no layers"),
-    (["ReLU()"], (1, 2, 3), "must be \\(batch, features\\)"),
+    (["ReLU()"], (1, 2, 3), "ReLU\\(\\) takes BxF"),
+    (["ReLU()"], (1, 2, 3, 4, 5), "must be \\(batch, features\\)"),
     (["Linear(0, 4)"], (1, 8), "positive integer"),
 ])
 def test_build_model_rejects(texts, shape, message):
