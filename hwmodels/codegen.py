@@ -113,6 +113,17 @@ def _stages(f: Term) -> list[Term]:
     return _stages(f.args[0]) + _stages(f.args[1]) if f.op == "Comp" else [f]
 
 
+def _fuse_pair_maps(stages: list[Term]) -> list[Term]:
+    """Stages (applied last first) with every Map whose body makes a pair (a Fork) fused into the
+    Map that consumes it: an array of pairs has no layout in memory, one pair per iteration does."""
+    out = list(stages)
+    for i in range(len(out) - 1, 0, -1):
+        f, g = out[i - 1], out[i]
+        if f.op == "Map" and g.op == "Map" and g.args[0].op == "Fork" and f.args[1] == g.args[1]:
+            out[i - 1 : i + 1] = [T("Map", comp(f.args[0], g.args[0]), f.args[1])]
+    return out
+
+
 def _layout_only(f: Term, pad: bool) -> bool:
     """Whether f only re-indexes its input (Split, Join, Transpose, Slice, maps and compositions
     of these) or, with pad, also pads it: what the host can apply when it lays out data."""
@@ -200,8 +211,10 @@ class Codegen:
         self.block = outer
         self.block.append(lp)
 
-    def transfer(self, kind: str, mnemonic: str, dst: Buf, src: Buf, tile: bool) -> None:
-        """Move src to dst (same logical shape) in native vectors or tiles, loops kept."""
+    def transfer(self, kind: str, mnemonic: str, dst: Buf, src: Buf, tile: bool,
+                 by: tuple[str, int, int] | None = None) -> None:
+        """Move src to dst (same logical shape) in native vectors or tiles, loops kept; `by` is
+        (unit, bytes per cycle, latency), by default the DMA at DRAM's rate."""
         n = self.n
         unit_dims = 2 if tile else 1
         if len(src.shape) < unit_dims or src.shape != dst.shape:
@@ -212,7 +225,8 @@ class Codegen:
             raise CodegenError(f"{mnemonic} moves {n}-element units; shape {src.shape} is not a multiple")
         rows = n if tile else 1
         nbytes = rows * n * 4
-        occ = math.ceil(nbytes / self.t.dram.bandwidth)
+        unit, bandwidth, latency = by or ("dma", self.t.dram.bandwidth, self.t.dram.latency)
+        occ = math.ceil(nbytes / bandwidth)
         outer = list(src.shape[:-unit_dims])
         counts = outer + ([src.shape[-2] // n] if tile else []) + [src.shape[-1] // n]
         s_steps = list(src.strides[:-unit_dims]) + ([src.strides[-2] * n] if tile else []) + [n]
@@ -222,7 +236,7 @@ class Codegen:
 
         def nest(level: int, s_addr: Affine, d_addr: Affine) -> None:
             if level == len(counts):
-                self.emit(Instr(mnemonic, kind, "dma", occ, occ + self.t.dram.latency,
+                self.emit(Instr(mnemonic, kind, unit, occ, occ + latency,
                                 Operand(dst.space, d_addr, rows, n, d_row), (Operand(src.space, s_addr, rows, n, s_row),)))
                 return
             self.loop(counts[level], lambda i: nest(level + 1, s_addr + i.scaled(s_steps[level]),
@@ -285,6 +299,13 @@ class Codegen:
                 out = _index(out, i)
             return out
         if op == "Comp":
+            stages = _stages(f)
+            fused = _fuse_pair_maps(stages)
+            if fused != stages:
+                return self.apply(comp(*fused), v, dest)
+            if dest is None and stages[0].op in ("ToOutput", "ToDram") and stages[1].op == "Map":
+                inner = self.apply(comp(*stages[2:]), v) if len(stages) > 2 else v
+                return self.stream_out(stages[1], inner)
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Fork":
             return PairV(self.apply(a[0], v), self.apply(a[1], v))
@@ -338,6 +359,23 @@ class Codegen:
         for view in reversed(views):
             out = _view(view, out, 1)
         return out
+
+    def stream_out(self, m: Term, v: object) -> Buf:
+        """ToOutput of a Map: each iteration writes its result to DRAM as soon as it is computed,
+        so on-chip memory holds one iteration's result, not the whole array."""
+        body, n = m.args
+        shape = shape_of(fout(body))
+        padded = (*shape[:-1], -(-shape[-1] // self.n) * self.n)
+        out = self.allocate("dram", (n, *padded))
+
+        def one(i: Affine) -> None:
+            row = self.apply(body, _index(v, i))
+            if not isinstance(row, Buf) or row.space == "dram":
+                raise CodegenError(f"a Map iteration written out must compute one array on chip, not {type(row).__name__}")
+            self.transfer("store", self.t.store_mnemonic, _index(out, i), replace(row, shape=padded), tile=False)
+
+        self.loop(n, one)
+        return replace(out, shape=(n, *shape))
 
     def reduce(self, op: Term, n: int, v: object, dest: Buf | None) -> object:
         if n == 1:
@@ -421,13 +459,17 @@ class Codegen:
             raise CodegenError(f"cannot move a {type(v).__name__} to {space}")
         if v.space == space:
             return v
-        if v.space != "dram":
+        mem = self.t.memories[space]
+        source = mem.load_from or "dram"
+        if v.space == "dram" and source != "dram":
+            v = self.to_chip(source, v, None)
+        if v.space != source:
             raise CodegenError(f"moving data from {v.space} to {space} is not supported")
-        if v.host is not None and not self._loadable(v, self.t.memories[space].load_unit == "tile"):
+        if v.host is not None and not self._loadable(v, mem.load_unit == "tile"):
             v = self.host_copy(v)
         out = dest if dest is not None else self.allocate(space, v.shape)
-        mem = self.t.memories[space]
-        self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile")
+        by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else None
+        self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
 
     def to_dram(self, v: object) -> Buf:
