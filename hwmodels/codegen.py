@@ -21,6 +21,10 @@ class CodegenError(RuntimeError):
     """The term cannot be turned into a program for this target (layout, capacity, op)."""
 
 
+class CapacityError(CodegenError):
+    """The program needs more of an on-chip memory than there is."""
+
+
 @dataclass(frozen=True)
 class Buf:
     """A strided tensor view in a flat memory. For data the host provides, `host` is the value
@@ -167,7 +171,7 @@ class Codegen:
         if space != "dram":
             cap = self.t.memories[space].capacity // 4
             if self.alloc[space] > cap:
-                raise CodegenError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
+                raise CapacityError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
                                    f"capacity {cap * 4}")
         strides, acc = [], 1
         for d in reversed(shape):
@@ -305,7 +309,12 @@ class Codegen:
                 return self.apply(comp(*fused), v, dest)
             if dest is None and stages[0].op in ("ToOutput", "ToDram") and stages[1].op == "Map":
                 inner = self.apply(comp(*stages[2:]), v) if len(stages) > 2 else v
-                return self.stream_out(stages[1], inner)
+                saved = self.snapshot()
+                try:
+                    return self.apply(stages[0], self.apply(stages[1], inner))
+                except CapacityError:
+                    self.restore(saved)
+                    return self.stream_out(stages[1], inner)
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Fork":
             return PairV(self.apply(a[0], v), self.apply(a[1], v))
@@ -360,9 +369,21 @@ class Codegen:
             out = _view(view, out, 1)
         return out
 
+    def snapshot(self) -> tuple:
+        """The compilation state, to go back to when an attempt does not fit."""
+        return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
+                dict(self.data_cache), dict(self.shared))
+
+    def restore(self, saved: tuple) -> None:
+        """Forget everything compiled since `saved` was taken (within the same block)."""
+        alloc, hosts, setups, instrs, self.nvars, self.data_cache, self.shared = saved
+        self.alloc = dict(alloc)
+        del self.host[hosts:], self.setup[setups:], self.block[instrs:]
+
     def stream_out(self, m: Term, v: object) -> Buf:
-        """ToOutput of a Map: each iteration writes its result to DRAM as soon as it is computed,
-        so on-chip memory holds one iteration's result, not the whole array."""
+        """ToOutput of a Map whose program does not fit on chip with all its results there: each
+        iteration writes its result to DRAM as soon as it is computed, so on-chip memory holds one
+        iteration's result."""
         body, n = m.args
         shape = shape_of(fout(body))
         padded = (*shape[:-1], -(-shape[-1] // self.n) * self.n)

@@ -164,3 +164,10 @@ def test_staging_chains_are_refused(tmp_path):
     path.write_text(text)
     with pytest.raises(TargetFileError, match="'gm.sp' is not another on-chip memory loaded from DRAM"):
         get_target(str(path))
+
+
+def test_results_that_fit_stay_on_chip_until_written_out():
+    """Batch 16 of Linear 1024x1024 on brainwave: the 64 KiB of results fit the VRF, so rows are
+    not streamed one buffer at a time (the README's 9648 cycles)."""
+    r = optimize(["Linear(1024, 1024)"], (16, 1024), target="brainwave", functional=False)
+    assert r.cycles == 9648 and r.ops["v_wr"] == 128
