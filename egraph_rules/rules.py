@@ -164,11 +164,12 @@ def analysis_program() -> str:
     for name in ("Fst", "Snd", "Id"):
         rule(f"(= f ({name} t))", "(isview f)")
     rule("(reindex f)", "(isview f)")
-    # views that read only the first / second part of a pair
+    # views that read only the first / second part of a pair, re-indexed without changing the
+    # layout a device reads (so a move hoisted before them still gives native operands)
     rule("(= f (Fst t))", "(readsfst f)")
     rule("(= f (Snd t))", "(readssnd f)")
-    rule("(= f (Comp v g)) (isview v) (readsfst g)", "(readsfst f)")
-    rule("(= f (Comp v g)) (isview v) (readssnd g)", "(readssnd f)")
+    rule("(= f (Comp v g)) (reindex v) (readsfst g)", "(readsfst f)")
+    rule("(= f (Comp v g)) (reindex v) (readssnd g)", "(readssnd f)")
     # stages that only move one part of a pair on chip
     rule("(= f (Fork (Comp (ToChip sp a) (Fst t)) (Snd t)))", "(ismove f)")
     rule("(= f (Fork (Fst t) (Comp (ToChip sp b) (Snd t))))", "(ismove f)")

@@ -23,6 +23,10 @@ class CodegenError(RuntimeError):
     """The term cannot be turned into a program for this target (layout, capacity, op)."""
 
 
+class CapacityError(CodegenError):
+    """The program needs more of an on-chip memory than there is."""
+
+
 @dataclass(frozen=True)
 class Buf:
     """A strided tensor view in a flat memory. For data the host provides, `host` is the value
@@ -160,6 +164,17 @@ def _peel_views(body: Term) -> tuple[list[Term], Term]:
     return views, head if pre is None else Term("Comp", (head, pre))
 
 
+def _fuse_pair_maps(stages: list[Term]) -> list[Term]:
+    """Stages (applied last first) with every Map whose body makes a pair (a Fork) fused into the
+    Map that consumes it: an array of pairs has no layout in memory, one pair per iteration does."""
+    out = list(stages)
+    for i in range(len(out) - 1, 0, -1):
+        f, g = out[i - 1], out[i]
+        if f.op == "Map" and g.op == "Map" and g.args[0].op == "Fork" and f.args[1] == g.args[1]:
+            out[i - 1 : i + 1] = [T("Map", comp(f.args[0], g.args[0]), f.args[1])]
+    return out
+
+
 def _layout_only(f: Term, pad: bool) -> bool:
     """Whether f only re-indexes its input (Split, Join, Transpose, Slice, Slide, maps and
     compositions of these) or, with pad, also pads it: what the host can apply when it lays out data."""
@@ -214,7 +229,7 @@ class Codegen:
         if space != "dram":
             cap = self.t.memories[space].capacity // 4
             if self.alloc[space] > cap:
-                raise CodegenError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
+                raise CapacityError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
                                    f"capacity {cap * 4}")
         strides, acc = [], 1
         for d in reversed(shape):
@@ -234,10 +249,26 @@ class Codegen:
         rows_ok = len(v.shape) >= (2 if tile else 1) and v.strides[-1] == 1
         return rows_ok and (not tile or v.strides[-2] >= v.shape[-1])
 
-    def _has_room(self, dest: Buf | None, n: int) -> bool:
-        """Whether an on-chip row destination can take n elements in place."""
-        return (dest is not None and len(dest.shape) == 1 and dest.strides == (1,)
-                and n <= self.row_room(dest.shape[0]))
+    def before_view(self, view: Term, dest: Buf | None) -> Buf | None:
+        """The buffer a value must be written to so that `view` of it is dest (None: no such
+        buffer, or view is not a re-indexing). Slice(0, k) of a longer vector writes the whole
+        vector into the row, which has room for whole native vectors."""
+        if dest is None or dest.host is not None:
+            return None
+        op, a = view.op, view.args
+        if op == "Slice":
+            full = a[2].args[1]
+            fits = a[0] == 0 and len(dest.shape) == 1 and dest.strides == (1,) and full <= self.row_room(dest.shape[0])
+            return replace(dest, shape=(full,)) if fits else None
+        inverse = {"Join": lambda: T("Split", a[0].args[0].args[1], fout(view)),
+                   "Split": lambda: T("Join", fout(view)),
+                   "Transpose": lambda: T("Transpose", fout(view))}.get(op)
+        if inverse is None:
+            return None
+        try:
+            return _view(inverse(), dest, 0)
+        except CodegenError:
+            return None
 
     def host_buffer(self, expr: Term, t: Term, what: str) -> Buf:
         shape = shape_of(t)
@@ -263,8 +294,10 @@ class Codegen:
         self.block = outer
         self.block.append(lp)
 
-    def transfer(self, kind: str, mnemonic: str, dst: Buf, src: Buf, tile: bool) -> None:
-        """Move src to dst (same logical shape) in native vectors or tiles, loops kept."""
+    def transfer(self, kind: str, mnemonic: str, dst: Buf, src: Buf, tile: bool,
+                 by: tuple[str, int, int] | None = None) -> None:
+        """Move src to dst (same logical shape) in native vectors or tiles, loops kept; `by` is
+        (unit, bytes per cycle, latency), by default the DMA at DRAM's rate."""
         n = self.n
         unit_dims = 2 if tile else 1
         if len(src.shape) < unit_dims or src.shape != dst.shape:
@@ -275,7 +308,8 @@ class Codegen:
             raise CodegenError(f"{mnemonic} moves {n}-element units; shape {src.shape} is not a multiple")
         rows = n if tile else 1
         nbytes = rows * n * 4
-        occ = math.ceil(nbytes / self.t.dram.bandwidth)
+        unit, bandwidth, latency = by or ("dma", self.t.dram.bandwidth, self.t.dram.latency)
+        occ = math.ceil(nbytes / bandwidth)
         outer = list(src.shape[:-unit_dims])
         counts = outer + ([src.shape[-2] // n] if tile else []) + [src.shape[-1] // n]
         s_steps = list(src.strides[:-unit_dims]) + ([src.strides[-2] * n] if tile else []) + [n]
@@ -285,7 +319,7 @@ class Codegen:
 
         def nest(level: int, s_addr: Affine, d_addr: Affine) -> None:
             if level == len(counts):
-                self.emit(Instr(mnemonic, kind, "dma", occ, occ + self.t.dram.latency,
+                self.emit(Instr(mnemonic, kind, unit, occ, occ + latency,
                                 Operand(dst.space, d_addr, rows, n, d_row), (Operand(src.space, s_addr, rows, n, s_row),)))
                 return
             self.loop(counts[level], lambda i: nest(level + 1, s_addr + i.scaled(s_steps[level]),
@@ -358,9 +392,22 @@ class Codegen:
                 out = _index(out, i)
             return out
         if op == "Comp":
-            if a[0].op == "Slice" and a[0].args[0] == 0 and self._has_room(dest, a[0].args[2].args[1]):
-                # the full result goes where its first elements belong; the slice is then in place
-                return _view(a[0], self.apply(a[1], v, replace(dest, shape=(a[0].args[2].args[1],))), 0)
+            inner_dest = self.before_view(a[0], dest)
+            if inner_dest is not None:
+                # the result before the re-indexing goes where the re-indexing puts it in place
+                return _view(a[0], self.apply(a[1], v, inner_dest), 0)
+            stages = _stages(f)
+            fused = _fuse_pair_maps(stages)
+            if fused != stages:
+                return self.apply(comp(*fused), v, dest)
+            if dest is None and stages[0].op in ("ToOutput", "ToDram") and stages[1].op == "Map":
+                inner = self.apply(comp(*stages[2:]), v) if len(stages) > 2 else v
+                saved = self.snapshot()
+                try:
+                    return self.apply(stages[0], self.apply(stages[1], inner))
+                except CapacityError:
+                    self.restore(saved)
+                    return self.stream_out(stages[1], inner)
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Fork":
             return PairV(self.apply(a[0], v), self.apply(a[1], v))
@@ -414,6 +461,35 @@ class Codegen:
         for view in reversed(views):
             out = _view(view, out, 1)
         return out
+
+    def snapshot(self) -> tuple:
+        """The compilation state, to go back to when an attempt does not fit."""
+        return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
+                dict(self.data_cache), dict(self.shared))
+
+    def restore(self, saved: tuple) -> None:
+        """Forget everything compiled since `saved` was taken (within the same block)."""
+        alloc, hosts, setups, instrs, self.nvars, self.data_cache, self.shared = saved
+        self.alloc = dict(alloc)
+        del self.host[hosts:], self.setup[setups:], self.block[instrs:]
+
+    def stream_out(self, m: Term, v: object) -> Buf:
+        """ToOutput of a Map whose program does not fit on chip with all its results there: each
+        iteration writes its result to DRAM as soon as it is computed, so on-chip memory holds one
+        iteration's result."""
+        body, n = m.args
+        shape = shape_of(fout(body))
+        padded = (*shape[:-1], -(-shape[-1] // self.n) * self.n)
+        out = self.allocate("dram", (n, *padded))
+
+        def one(i: Affine) -> None:
+            row = self.apply(body, _index(v, i))
+            if not isinstance(row, Buf) or row.space == "dram":
+                raise CodegenError(f"a Map iteration written out must compute one array on chip, not {type(row).__name__}")
+            self.transfer("store", self.t.store_mnemonic, _index(out, i), replace(row, shape=padded), tile=False)
+
+        self.loop(n, one)
+        return replace(out, shape=(n, *shape))
 
     def reduce(self, op: Term, n: int, v: object, dest: Buf | None) -> object:
         if n == 1:
@@ -579,13 +655,17 @@ class Codegen:
             raise CodegenError(f"cannot move a {type(v).__name__} to {space}")
         if v.space == space:
             return v
-        if v.space != "dram":
+        mem = self.t.memories[space]
+        source = mem.load_from or "dram"
+        if v.space == "dram" and source != "dram":
+            v = self.to_chip(source, v, None)
+        if v.space != source:
             raise CodegenError(f"moving data from {v.space} to {space} is not supported")
-        if v.host is not None and not self._loadable(v, self.t.memories[space].load_unit == "tile"):
+        if v.host is not None and not self._loadable(v, mem.load_unit == "tile"):
             v = self.host_copy(v)
         out = dest if dest is not None else self.allocate(space, v.shape)
-        mem = self.t.memories[space]
-        self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile")
+        by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else None
+        self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
 
     def to_dram(self, v: object, dest: Buf | None = None) -> Buf:

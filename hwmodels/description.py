@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from egraph_rules.hardware_rules import DeviceOp
 from egraph_rules.interpreter import BINARY, UNARY
 from egraph_rules.ir import DTYPE_BYTES, SCHEMA, T, Term, fout
-from hwmodels.target import LOAD_UNITS, OP_UNITS, Memory, OpSpec, Target, TargetError
+from hwmodels.target import LOAD_UNITS, LOADERS, OP_UNITS, Memory, OpSpec, Target, TargetError
 
 Value = Term | int | float | str
 
@@ -112,6 +112,10 @@ class _Fields:
             self.fail(key, f"unknown {key.replace('_', ' ')} {v!r}; known: {', '.join(choices)}")
         return v
 
+    def optional_text(self, key: str, default: str, choices: tuple[str, ...] = ()) -> str:
+        """A string field that may be left out."""
+        return self.text(key, choices) if key in self.data else default
+
     def strings(self, key: str) -> tuple[str, ...]:
         """A list of strings."""
         v = self.get(key, list, "a list of strings")
@@ -177,7 +181,8 @@ class _Fields:
 def _memory(f: _Fields, name: str, names: Mapping[str, int], on_chip: bool) -> Memory:
     """DRAM or an on-chip memory; on-chip ones say how they are loaded."""
     cap, bw, lat = f.number("capacity", names), f.number("bandwidth", names), f.number("latency", names, 0)
-    load = (f.text("load_mnemonic"), f.text("load_unit", LOAD_UNITS)) if on_chip else ()
+    load = (f.text("load_mnemonic"), f.text("load_unit", LOAD_UNITS), f.optional_text("load_from", ""),
+            f.optional_text("loader", "dma", LOADERS)) if on_chip else ()
     mem = Memory(name, cap, bw, lat, *load)
     f.done()
     return mem
@@ -235,6 +240,14 @@ def load_target(path: Path, native_dim: int | None = None) -> Target:
     memories = {k: _memory(f, k, names, on_chip=True) for k, f in top.tables("memories").items()}
     if "dram" in memories:
         top.fail("memories", "an on-chip memory cannot be called 'dram'")
+    for k, mem in memories.items():
+        if mem.loader != "dma" and not mem.load_from:
+            top.fail(f"memories.{json.dumps(k)}.loader", "only loads from another on-chip memory (load_from) "
+                     "can be done by a unit other than the DMA")
+        source = memories.get(mem.load_from)
+        if mem.load_from and (source is None or source.load_from or source is mem):
+            top.fail(f"memories.{json.dumps(k)}.load_from",
+                     f"{mem.load_from!r} is not another on-chip memory loaded from DRAM; memories: {', '.join(memories)}")
     ops = tuple(_op(f, k, names, memories, dtypes) for k, f in top.tables("ops").items())
     target = Target(name=name, clock_mhz=float(clock), native_dim=names[native], dtypes=dtypes, dram=dram,
                     memories=memories, ops=ops, peak_macs_per_cycle=top.number("peak_macs_per_cycle", names),

@@ -17,6 +17,8 @@ INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
+#: the units that can load an on-chip memory
+LOADERS = ("dma", "mvu", "mfu")
 #: what one load into an on-chip memory moves: a native vector (N elements) or tile (N x N)
 LOAD_UNITS = ("vector", "tile")
 
@@ -28,7 +30,10 @@ class TargetError(ValueError):
 @dataclass(frozen=True)
 class Memory:
     """An on-chip memory (or DRAM): capacity in bytes, bytes moved per cycle, access latency,
-    and how data is loaded into it from DRAM (mnemonic; a native vector or tile per load)."""
+    and how data is loaded into it (mnemonic; a native vector or tile per load). Loads come from
+    DRAM by the DMA unit, or, when `load_from` names another on-chip memory, from that memory
+    (data from DRAM is staged there first) by the `loader` unit at this memory's bandwidth and
+    latency."""
 
     name: str
     capacity: int
@@ -36,6 +41,8 @@ class Memory:
     latency: int
     load_mnemonic: str = ""
     load_unit: str = "vector"
+    load_from: str = ""
+    loader: str = "dma"
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,11 @@ class Target:
         """What the hardware rules are generated from."""
         return [o.op for o in self.ops]
 
-    def transfer_cycles(self, t: Term, unit_elems: int) -> tuple[int, int]:
-        """(DMA busy cycles, transfers) to move a value of type t in units of unit_elems."""
+    def transfer_cycles(self, t: Term, unit_elems: int, bandwidth: int | None = None) -> tuple[int, int]:
+        """(busy cycles, transfers) to move a value of type t in units of unit_elems, at the
+        given bytes per cycle (DRAM's by default)."""
         units = max(1, math.ceil(numel(t) / unit_elems))
-        per = math.ceil(nbytes(t) / units / self.dram.bandwidth)
+        per = math.ceil(nbytes(t) / units / (bandwidth or self.dram.bandwidth))
         return units * per, units
 
     def cost_model(self) -> CycleCost:
@@ -128,12 +136,7 @@ class CycleCost:
         if op == "Const":
             return ZERO if self.scalar(kids[0]) < INF else NEVER
         if op == "ToChip":
-            space, t = args
-            mem = self.t.memories.get(space)
-            if mem is None or nbytes(t) > mem.capacity:
-                return NEVER
-            busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
-            return (busy, 0.0, 0.0, units)
+            return self.load(*args)
         if op in ("ToOutput", "ToDram"):
             if nbytes(args[0]) > max(m.capacity for m in self.t.memories.values()):
                 return NEVER  # a value is stored from on-chip memory, so it must fit there
@@ -147,6 +150,19 @@ class CycleCost:
             c[UNITS.index(spec.unit)] = spec.occupancy
             return tuple(c)  # type: ignore[return-value]
         return NEVER
+
+    def load(self, space: str, t: Term) -> Cost:
+        """Moving a value of type t from DRAM into `space`, through the memory it is staged in."""
+        mem = self.t.memories.get(space)
+        if mem is None or nbytes(t) > mem.capacity:
+            return NEVER
+        if not mem.load_from:
+            busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
+            return (busy, 0.0, 0.0, units)
+        busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
+        c = [0.0, 0.0, 0.0, units]
+        c[UNITS.index(mem.loader)] = busy
+        return _add(self.load(mem.load_from, t), tuple(c))  # type: ignore[arg-type]
 
     def scalar(self, c: Cost) -> float:
         return max(c)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -79,8 +80,8 @@ class Result:
     weights: dict[str, str]
     term: Term
     program: Program
-    output: np.ndarray = field(repr=False)
-    reference: np.ndarray = field(repr=False)
+    output: np.ndarray | None = field(repr=False)
+    reference: np.ndarray | None = field(repr=False)
 
     @property
     def listing(self) -> str:
@@ -98,8 +99,8 @@ class Result:
             "predicted_cycles": self.predicted_cycles,
             "roofline_cycles": round(self.roofline_cycles, 2),
             "efficiency": round(self.efficiency, 4),
-            "max_abs_error": self.max_abs_error,
-            "max_rel_error": self.max_rel_error,
+            "max_abs_error": None if math.isnan(self.max_abs_error) else self.max_abs_error,
+            "max_rel_error": None if math.isnan(self.max_rel_error) else self.max_rel_error,
             "egraph": self.egraph.as_dict(),
             "extract_seconds": round(self.extract_seconds, 4),
             "instructions": self.instructions,
@@ -128,26 +129,32 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
 
 
 def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target: str | Target = "brainwave",
-             *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None) -> Result:
-    """Compile a layer stack for a target by equality saturation, simulate it, check it."""
+             *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
+             functional: bool = True) -> Result:
+    """Compile a layer stack for a target by equality saturation, simulate it, check it. With
+    functional=False there are no values: only timing-only simulation runs (any size), and the
+    errors are NaN."""
     tgt = target if isinstance(target, Target) else get_target(target, native_dim)
     specs = [parse_layer(s) if isinstance(s, str) else s for s in layers]
-    model = build_model(specs, tuple(input_shape), seed=seed)
+    model = build_model(specs, tuple(input_shape), seed=seed, values=functional)
     stats, best, extract_seconds = compile_term(model.term, tgt, budget)
     program = generate(best.term, tgt)
-    run = simulate(program, tgt.native_dim, model.env, functional=True)
     timing = simulate(program, tgt.native_dim, None, functional=False)
-    if timing.cycles != run.cycles:
-        raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
-    out = run.output.reshape(model.output_shape)
-    err = np.abs(out.astype(np.float64) - model.reference)
-    scale = max(float(np.abs(model.reference).max()), 1e-30)
+    out, abs_err, rel_err = None, math.nan, math.nan
+    if functional:
+        run = simulate(program, tgt.native_dim, model.env, functional=True)
+        if timing.cycles != run.cycles:
+            raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
+        out = run.output.reshape(model.output_shape)
+        err = np.abs(out.astype(np.float64) - model.reference)
+        scale = max(float(np.abs(model.reference).max()), 1e-30)
+        abs_err, rel_err = float(err.max()), float(err.max() / scale)
     roof = roofline_cycles(model, tgt)
     return Result(
         target=tgt.name, layers=[str(s) for s in specs], input_shape=model.input_shape,
-        output_shape=model.output_shape, cycles=run.cycles, setup_cycles=run.setup_cycles,
-        predicted_cycles=best.cycles, roofline_cycles=roof, efficiency=roof / run.cycles,
-        max_abs_error=float(err.max()), max_rel_error=float(err.max() / scale), egraph=stats,
+        output_shape=model.output_shape, cycles=timing.cycles, setup_cycles=timing.setup_cycles,
+        predicted_cycles=best.cycles, roofline_cycles=roof, efficiency=roof / timing.cycles,
+        max_abs_error=abs_err, max_rel_error=rel_err, egraph=stats,
         extract_seconds=extract_seconds, instructions=program.static_count(),
         dynamic_instructions=program.dynamic_count(), ops=program.histogram(),
         weights=weight_residency(best.term, model.weights), term=best.term,

@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="built-in target name, or the path of a .toml target description (default brainwave)")
     o.add_argument("--native-dim", type=int, help="native dimension of the target (brainwave: 128, 64 or 32)")
     o.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
+    o.add_argument("--timing-only", action="store_true",
+                   help="simulate without data (any size; output not checked against numpy)")
     o.add_argument("--max-nodes", type=int, default=Budget.nodes, help="e-node budget of saturation")
     o.add_argument("--max-iterations", type=int, default=Budget.iterations, help="iteration budget")
     o.add_argument("--max-seconds", type=float, default=Budget.seconds, help="time budget of saturation")
@@ -68,7 +70,8 @@ def _summary(r) -> str:
         f"output {'x'.join(map(str, r.output_shape))}",
         f"  cycles        {r.cycles} simulated, {r.predicted_cycles:.0f} predicted, {r.roofline_cycles:.0f} roofline "
         f"(efficiency {r.efficiency:.2f}); setup {r.setup_cycles}",
-        f"  accuracy      max abs error {r.max_abs_error:.2e}, max rel error {r.max_rel_error:.2e} vs numpy",
+        f"  accuracy      max abs error {r.max_abs_error:.2e}, max rel error {r.max_rel_error:.2e} vs numpy"
+        if r.output is not None else "  accuracy      not checked (timing-only simulation)",
         f"  e-graph       {e.enodes} e-nodes, {e.eclasses} e-classes, {e.iterations} iterations, {stop}, "
         f"{e.seconds:.2f} s; extraction {r.extract_seconds:.2f} s",
         f"  program       {r.instructions} instructions, {r.dynamic_instructions} executed: {ops}",
@@ -79,7 +82,8 @@ def _optimize(args: argparse.Namespace) -> str:
     """`liftsat optimize`: compile, simulate, report."""
     shape = parse_shape(args.input)
     budget = Budget(nodes=args.max_nodes, iterations=args.max_iterations, seconds=args.max_seconds)
-    result = optimize(args.layers, shape, args.target, seed=args.seed, native_dim=args.native_dim, budget=budget)
+    result = optimize(args.layers, shape, args.target, seed=args.seed, native_dim=args.native_dim, budget=budget,
+                      functional=not args.timing_only)
     if args.json:
         return json.dumps(result.as_dict(), indent=2)
     return result.listing if args.listing else _summary(result)
