@@ -657,6 +657,8 @@ class Codegen:
             return v
         mem = self.t.memories[space]
         source = mem.load_from or "dram"
+        if v.space not in ("dram", source):  # no path between the two memories: through DRAM
+            v = self.to_dram(v)
         if v.space == "dram" and source != "dram":
             v = self.to_chip(source, v, None)
         if v.space != source:

@@ -3,6 +3,8 @@ e-graph equivalence, end-to-end runs on brainwave, and clear errors for shapes t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,22 @@ def test_a_convolution_reads_its_im2col_matrix_from_dram():
 def test_bad_image_layers_are_named(layers, shape, message):
     with pytest.raises(LayerError, match=message):
         model(layers, shape)
+
+
+VECMAT = str(Path(__file__).resolve().with_name("targets") / "vecmat.toml")
+
+
+BUILTIN_TARGETS = ["brainwave", "snowflake", "systolic", "vta", "cpu"]
+CASES = {"conv": (["Conv2d(3, 8, 3, padding=1)", "ReLU()"], (1, 3, 6, 6)),
+         "maxpool": (["MaxPool2d(2)"], (1, 16, 6, 6)),
+         "separable": (["Conv2d(16, 16, 3, groups=16)", "Conv2d(16, 32, 1)"], (1, 16, 5, 5))}
+
+
+@pytest.mark.parametrize("target, case", [(t, c) for t in BUILTIN_TARGETS for c in CASES] + [(VECMAT, "conv")])
+def test_image_layers_run_on_every_target(target, case):
+    """Convolution, pooling and a depthwise-separable convolution on every built-in target; a
+    convolution on vecmat, an accelerator defined only by its description file under tests/
+    (it has no vector max or multiply, so no pooling or depthwise convolution)."""
+    layers, shape = CASES[case]
+    r = optimize(layers, shape, target=target)
+    assert r.max_rel_error <= 1e-4
