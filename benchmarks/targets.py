@@ -1,12 +1,14 @@
 """Benchmark: the same layers on every built-in target, end to end through `liftsat.api.optimize`.
 
-Layers: Linear 1024x1024 at batch 1 and 16, a DeepBench inference GEMM at full size, and a ReLU
-over 16 x 1024 values. For each target and layer it prints the simulated cycles per inference,
-the roofline cycles (max of MACs / peak MACs per cycle and minimum DRAM bytes / bytes per cycle),
-the efficiency (roofline / simulated), the largest relative error against numpy and the device
-instructions executed. The Linear and ReLU rows are simulated functionally (values checked, and
-timing-only simulation must give the same cycles); the DeepBench GEMM runs timing-only, since its
-values would not fit the functional simulation's time budget.
+Layers: Linear 1024x1024 at batch 1 and 16, a DeepBench inference GEMM at full size, a ReLU over
+16 x 1024 values, a 3x3 convolution with ReLU, AlexNet's first max pooling, and AlexNet's five
+convolutions at full size. For each target and layer it prints the simulated cycles per
+inference, the roofline cycles (max of MACs / peak MACs per cycle and minimum DRAM bytes / bytes
+per cycle), the efficiency (roofline / simulated), the largest relative error against numpy and
+the device instructions executed, and per target the AlexNet convolutions' overall efficiency
+(Snowflake's beside its published figure). Rows marked timing-only run without values, at full
+size; the others are simulated functionally (values checked, and timing-only simulation must
+give the same cycles).
 
 Why: targets are data; this shows that one description per accelerator is enough for every layer
 to compile and run, and how far each target's program is from its roofline.
@@ -27,16 +29,27 @@ import time
 from liftsat.api import optimize
 from liftsat.targets import BUILTIN
 
+#: torchvision's AlexNet convolutions and their inputs
+ALEXNET_CONVS = [("Conv2d(3, 64, 11, stride=4, padding=2)", (1, 3, 224, 224)),
+                 ("Conv2d(64, 192, 5, padding=2)", (1, 64, 27, 27)),
+                 ("Conv2d(192, 384, 3, padding=1)", (1, 192, 13, 13)),
+                 ("Conv2d(384, 256, 3, padding=1)", (1, 384, 13, 13)),
+                 ("Conv2d(256, 256, 3, padding=1)", (1, 256, 13, 13))]
+#: Snowflake's published efficiency on AlexNet's convolutions (Gokhale et al.), for comparison
+SNOWFLAKE_PUBLISHED = 0.91
 #: DeepBench inference_server (M, N, K) = (3072, 1, 1024), as liftsat's MatMul (see README)
-LAYERS: list[tuple[str, list[str], tuple[int, int], bool]] = [   # (name, layers, input, functional)
+LAYERS: list[tuple[str, list[str], tuple[int, ...], bool]] = [   # (name, layers, input, functional)
     ("Linear 1024x1024, batch 1", ["Linear(1024, 1024)"], (1, 1024), True),
     ("Linear 1024x1024, batch 16", ["Linear(1024, 1024)"], (16, 1024), True),
     ("DeepBench GEMM 3072x1x1024 (timing-only)", ["MatMul(1024, 3072, a_t=True, b_t=True)"], (1024, 1), False),
     ("ReLU 16x1024", ["ReLU()"], (16, 1024), True),
+    ("Conv2d 3x3 16->32 + ReLU on 16x16", ["Conv2d(16, 32, 3, padding=1)", "ReLU()"], (1, 16, 16, 16), True),
+    ("MaxPool2d 3/2 on 64x55x55", ["MaxPool2d(3, stride=2)"], (1, 64, 55, 55), True),
+    *[(f"AlexNet conv{i + 1} (timing-only)", [spec], shape, False) for i, (spec, shape) in enumerate(ALEXNET_CONVS)],
 ]
 
 
-def run(target: str, name: str, layers: list[str], shape: tuple[int, int], functional: bool) -> dict:
+def run(target: str, name: str, layers: list[str], shape: tuple[int, ...], functional: bool) -> dict:
     """Optimize and simulate one layer on one target; its row."""
     t0 = time.perf_counter()
     r = optimize(layers, shape, target, functional=functional)
@@ -66,6 +79,12 @@ def main() -> None:
     print(f"Layers on every built-in target: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"egglog {importlib.metadata.version('egglog')}\n")
     print(table(rows))
+    for target in args.targets:
+        convs = [r for r in rows if r["target"] == target and r["layer"].startswith("AlexNet")]
+        overall = sum(r["roofline_cycles"] for r in convs) / sum(r["cycles"] for r in convs)
+        published = f" (published for Snowflake: above {SNOWFLAKE_PUBLISHED:.2f})" if target == "snowflake" else ""
+        print(f"\n{target}: AlexNet convolutions overall efficiency {overall:.3f}{published}", end="")
+    print()
     print(f"\nwall-clock seconds per row: max {max(r['seconds'] for r in rows):.1f}, "
           f"total {sum(r['seconds'] for r in rows):.1f}")
     if args.json:

@@ -360,6 +360,10 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
         if groups not in (1, c) or (groups == c > 1 and p["out_channels"] != c):
             raise LayerError(f"{where}: groups={groups} is not supported; liftsat runs groups=1 and depthwise "
                              f"convolutions (groups = in_channels = out_channels)")
+    if i > 0 and (win.padding != (0, 0) or (spec.name == "Conv2d" and groups == 1 and win.kernel != (1, 1))):
+        raise LayerError(f"{where}: after another layer, only unpadded pooling, depthwise and 1x1 convolutions "
+                         f"are supported (the host lays out padding and im2col matrices of the stack's input; "
+                         f"codegen has no on-chip im2col yet)")
     oh, ow = win.out_size(h, 0), win.out_size(w, 1)
     if oh <= 0 or ow <= 0:
         raise LayerError(f"{where}: the {win.span(0)}x{win.span(1)} window (kernel {win.kernel[0]}x{win.kernel[1]}, "

@@ -115,6 +115,8 @@ class CycleCost:
     def __init__(self, target: Target):
         self.t = target
         self.ops = target.op_by_name
+        #: the largest memory a device op writes its results to
+        self.result_capacity = max(target.memories[o.op.result_space].capacity for o in target.ops)
 
     def unit_elems(self, space: str) -> int:
         """Elements one load into this memory moves (a vector, or a native tile)."""
@@ -138,8 +140,8 @@ class CycleCost:
         if op == "ToChip":
             return self.load(*args)
         if op in ("ToOutput", "ToDram"):
-            if nbytes(args[0]) > max(m.capacity for m in self.t.memories.values()):
-                return NEVER  # a value is stored from on-chip memory, so it must fit there
+            if nbytes(args[0]) > self.result_capacity:
+                return NEVER  # a stored value was computed on chip, so it must fit where results go
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
             return (busy, 0.0, 0.0, units)
         if op == "Dev":

@@ -141,6 +141,9 @@ def test_a_convolution_reads_its_im2col_matrix_from_dram():
     (["MaxPool2d(2, padding=1)"], (1, 3, 6, 6), "padding .* not supported"),
     (["Conv2d(3, 8, 3)", "Linear(8, 4)"], (1, 3, 6, 6), "Linear layer cannot take an image"),
     (["Conv2d(3, 8, 3)"], (1, 3), "need an input NxCxHxW"),
+    (["Conv2d(3, 8, 3)", "Conv2d(8, 8, 3)"], (1, 3, 9, 9), "layer 2 .* no on-chip im2col yet"),
+    (["Conv2d(3, 8, 3)", "MaxPool2d(2, padding=1)"], (1, 3, 9, 9), "padding .* not supported"),
+    (["ReLU()", "AvgPool2d(2, padding=1)"], (1, 3, 9, 9), "layer 2 .* only unpadded pooling"),
 ])
 def test_bad_image_layers_are_named(layers, shape, message):
     with pytest.raises(LayerError, match=message):
