@@ -141,7 +141,7 @@ def _structural() -> list[Rule]:
 # ---------------------------------------------------------------- tiling and padding
 
 
-def _tiling(n_: int) -> list[Rule]:
+def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     a = "algorithmic"
     N = n_
 
@@ -186,6 +186,14 @@ def _tiling(n_: int) -> list[Rule]:
         h = T("Comp", T("Slice", 0, n, _v(n2)), T("VVTanh", _v(n2)))
         return T("Comp", T("VVAdd", tp(_v(n), _v(n))), T("Fork", g, h))
 
+    def ex_ws(rng):
+        k = _pick(rng, 1, 5)
+        return T("MMMul", tp(_m(_pick(rng, 2, 4), k), _m(k, N * _pick(rng, 1, 2))))
+
+    ws_in = "(TP (TA (TA s k) n) (TA (TA s o) k))"
+    ws_blocks = f"(TA (TA (TA s k) {N}) (/ o {N}))"
+    ws_swap_in = f"(Fork (Snd (TP (TA (TA s k) {N}) (TA (TA s k) n))) (Fst (TP (TA (TA s k) {N}) (TA (TA s k) n))))"
+    ws_swap_el = f"(Fork (Snd (TP (TA s k) (TA (TA s k) {N}))) (Fst (TP (TA s k) (TA (TA s k) {N}))))"
     pad_n = f"(+ n (- {N} (% n {N})))"
     pad_k = f"(+ k (- {N} (% k {N})))"
     tpm = "(TP (TA (TA s k) n) (TA s k))"
@@ -222,6 +230,20 @@ def _tiling(n_: int) -> list[Rule]:
             ["(Slice 0 n (TA s n2))", f"({op} (TP (TA s n2) (TA s n2)))",
              "(Fork g (Comp (Pad 0 (- n2 n) (TA s n)) h))"], a, [f"(= 0 (% n2 {N}))"])
     return [
+        Rule(f"mmmul-weight-stationary/{N}", a, (rewrite(
+            f"(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))",
+            f"(Comp (Map (Join (TA (TA s {N}) (/ o {N}))) n) (Comp (Transpose (TA (TA (TA s {N}) n) (/ o {N}))) "
+            f"(Comp (Map (Comp (Map (Comp (MVMul (TP (TA (TA s k) {N}) (TA s k))) {ws_swap_el}) n) "
+            f"(Comp (DistR (TP (TA (TA s k) n) (TA (TA s k) {N}))) {ws_swap_in})) (/ o {N})) "
+            f"(Comp (DistR (TP {ws_blocks} (TA (TA s k) n))) "
+            f"(Fork (Comp (Split {N} (TA (TA s k) o)) (Comp (Transpose (TA (TA s o) k)) (Snd {ws_in}))) (Fst {ws_in}))))))",
+            a, [f"(= 0 (% o {N}))", "(> n 1)", f"(<= (* n o) {resident})", f"(> (* k o) {pinnable})"]),),
+             f"output columns o divisible by {N}, more than one row, the n x o result fits on chip "
+             f"({resident} elements) and the k x o weights do not ({pinnable} elements; pinned weights "
+             f"need no reuse)",
+             f"A . B = for each block of {N} output columns (a weight block), for each row a of A: "
+             f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
+             f"once for all rows", ex_ws),
         Rule(f"mvmul-split-rows/{N}", a, (rewrite(
             f"(MVMul {tpm})",
             f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map (MVMul (TP (TA (TA s k) {N}) (TA s k))) (/ n {N})) "
@@ -480,9 +502,11 @@ def _im2col() -> list[Rule]:
     ]
 
 
-def algorithmic_rules(tile_sizes: tuple[int, ...]) -> list[Rule]:
-    """Lift's structural rules, data-movement rules, and tiling rules for each tile size."""
+def algorithmic_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
+    """Lift's structural rules, data-movement rules, and tiling rules for each tile size;
+    `resident` is how many result elements, and `pinnable` how many weight elements, the
+    selected targets can hold on chip at once."""
     rules = _structural() + _movement() + _stacking() + _im2col()
     for n in sorted(set(tile_sizes)):
-        rules += _tiling(n)
+        rules += _tiling(n, resident, pinnable)
     return rules

@@ -107,6 +107,16 @@ def _rnn_example(nonlinearity: str):
     return example
 
 
+def _batched_example(bias: bool):
+    def example(rng: np.random.Generator) -> Term:
+        n, k, o = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        w = T("Var", "W", tensor_type("f32", (o, k)))
+        layer = T("Linear", w, T("Var", "b", ta(ts("f32"), o)), ta(ts("f32"), k)) if bias else T("LinearNB", w, ta(ts("f32"), k))
+        return T("Map", layer, n)
+
+    return example
+
+
 def _cell_example(op: str):
     def example(rng: np.random.Generator) -> Term:
         ni, nh = int(rng.integers(1, 6)), int(rng.integers(1, 6))
@@ -145,6 +155,32 @@ def dsl_rules() -> list[Rule]:
             "none",
             "Linear(W, bias=False) x = MVMul(W, x)",
             _linear_nb_example,
+        ),
+        Rule(
+            "batched-linear-to-gemm",
+            "dsl",
+            (
+                rewrite(
+                    "(Map (Linear w b (TA s k)) n)",
+                    "(Comp (Map (Comp (VVAdd (TP u u)) (Fork (Id u) (Const b u))) n) "
+                    "(Comp (MMMul (TP (TA (TA s k) n) (TA (TA s o) k))) "
+                    "(Fork (Id (TA (TA s k) n)) (Const (App (Transpose (TA (TA s k) o)) w) (TA (TA s k) n)))))",
+                    "dsl",
+                    ["(= u (ty b))", "(= (TA (TA s k) o) (ty w))"],
+                ),
+                rewrite(
+                    "(Map (LinearNB w (TA s k)) n)",
+                    "(Comp (MMMul (TP (TA (TA s k) n) (TA (TA s o) k))) "
+                    "(Fork (Id (TA (TA s k) n)) (Const (App (Transpose (TA (TA s k) o)) w) (TA (TA s k) n))))",
+                    "dsl",
+                    ["(= (TA (TA s k) o) (ty w))"],
+                ),
+            ),
+            "none",
+            "Linear(W, b) over the rows X of a batch (or the windows of a convolution) = X . W^T, then + b per "
+            "row: one GEMM, which tiling rules may run weight-stationary",
+            _batched_example(True),
+            _batched_example(False),
         ),
         Rule(
             "mmmul-to-mvmul-rows",

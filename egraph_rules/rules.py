@@ -111,6 +111,7 @@ def analysis_program() -> str:
         "(relation isview (F))",
         "(relation reindex (F))",
         "(relation islayout (F))",
+        "(relation rowview (F))",
         "(relation ismove (F))",
         "(relation readsfst (F))",
         "(relation readssnd (F))",
@@ -165,11 +166,16 @@ def analysis_program() -> str:
         rule(f"(= f ({name} t))", "(isview f)")
     rule("(reindex f)", "(isview f)")
     # views that read only the first / second part of a pair, re-indexed without changing the
-    # layout a device reads (so a move hoisted before them still gives native operands)
+    # layout of the rows a device reads (so a move hoisted before them still gives native
+    # operands): re-indexings, and transposes of outer dimensions (rows stay whole)
     rule("(= f (Fst t))", "(readsfst f)")
     rule("(= f (Snd t))", "(readssnd f)")
-    rule("(= f (Comp v g)) (reindex v) (readsfst g)", "(readsfst f)")
-    rule("(= f (Comp v g)) (reindex v) (readssnd g)", "(readssnd f)")
+    rule("(reindex f)", "(rowview f)")
+    rule("(= f (Transpose (TA (TA (TA e k) m) n)))", "(rowview f)")
+    rule("(= f (Map g n)) (rowview g)", "(rowview f)")
+    rule("(= f (Comp g h)) (rowview g) (rowview h)", "(rowview f)")
+    rule("(= f (Comp v g)) (rowview v) (readsfst g)", "(readsfst f)")
+    rule("(= f (Comp v g)) (rowview v) (readssnd g)", "(readssnd f)")
     # stages that only move one part of a pair on chip
     rule("(= f (Fork (Comp (ToChip sp a) (Fst t)) (Snd t)))", "(ismove f)")
     rule("(= f (Fork (Fst t) (Comp (ToChip sp b) (Snd t))))", "(ismove f)")

@@ -151,6 +151,25 @@ def _as_array(v: object, n: int) -> object:
     return v
 
 
+def _inverse(view: Term) -> Term | None:
+    """The re-indexing that undoes `view` (Split, Join, Transpose, maps and compositions of
+    these); None for others."""
+    op, a = view.op, view.args
+    if op == "Join":
+        return T("Split", a[0].args[0].args[1], fout(view))
+    if op == "Split":
+        return T("Join", fout(view))
+    if op == "Transpose":
+        return T("Transpose", fout(view))
+    if op == "Map":
+        inner = _inverse(a[0])
+        return None if inner is None else T("Map", inner, a[1])
+    if op == "Comp":
+        first, second = _inverse(a[1]), _inverse(a[0])
+        return None if first is None or second is None else T("Comp", first, second)
+    return None
+
+
 def _peel_views(body: Term) -> tuple[list[Term], Term]:
     """A loop body split into its trailing re-indexings (applied last, listed first) and the core
     before them; a nested loop's trailing re-indexings come out as maps of them, so every level
@@ -260,13 +279,11 @@ class Codegen:
             full = a[2].args[1]
             fits = a[0] == 0 and len(dest.shape) == 1 and dest.strides == (1,) and full <= self.row_room(dest.shape[0])
             return replace(dest, shape=(full,)) if fits else None
-        inverse = {"Join": lambda: T("Split", a[0].args[0].args[1], fout(view)),
-                   "Split": lambda: T("Join", fout(view)),
-                   "Transpose": lambda: T("Transpose", fout(view))}.get(op)
+        inverse = _inverse(view)
         if inverse is None:
             return None
         try:
-            return _view(inverse(), dest, 0)
+            return _view(inverse, dest, 0)
         except CodegenError:
             return None
 
@@ -391,6 +408,19 @@ class Codegen:
             for i in v.hidx:
                 out = _index(out, i)
             return out
+        if op == "Comp" and a[0].op == "Const":  # a constant ignores its input
+            return self.data(a[0].args[0])
+        if op == "Comp" and dest is None and _is_view(a[0]) and _inverse(a[0]) is not None:
+            saved = self.snapshot()
+            try:
+                return _view(a[0], self.apply(a[1], v), 0)
+            except CodegenError:  # not a strided view of the result: lay the result out for it
+                self.restore(saved)
+                space = self.result_space(a[1], v.space if isinstance(v, Buf) else None)
+                if space is None:
+                    raise
+                out = self.allocate(space, shape_of(fout(f)))
+                return self._apply(f, v, out)
         if op == "Comp":
             inner_dest = self.before_view(a[0], dest)
             if inner_dest is not None:
@@ -400,7 +430,8 @@ class Codegen:
             fused = _fuse_pair_maps(stages)
             if fused != stages:
                 return self.apply(comp(*fused), v, dest)
-            if dest is None and stages[0].op in ("ToOutput", "ToDram") and stages[1].op == "Map":
+            if dest is None and stages[0].op in ("ToOutput", "ToDram") and stages[1].op == "Map" \
+                    and not _is_view(stages[1]):
                 inner = self.apply(comp(*stages[2:]), v) if len(stages) > 2 else v
                 saved = self.snapshot()
                 try:

@@ -28,9 +28,12 @@ class SimulationMismatch(RuntimeError):
 
 
 def rules_for(targets: list[Target]) -> list[Rule]:
-    """DSL, algorithmic (tiled to the targets' native sizes) and hardware rules, together."""
+    """DSL, algorithmic (tiled to the targets' native sizes; weight-stationary GEMMs only where
+    every target holds the results but not the weights on chip) and hardware rules, together."""
     natives = tuple(sorted({t.native_dim for t in targets}))
-    rules = dsl_rules() + algorithmic_rules(natives)
+    resident = min(t.cost_model().result_capacity // 4 for t in targets)
+    pinnable = min(max(m.capacity for m in t.memories.values()) // 4 for t in targets)
+    rules = dsl_rules() + algorithmic_rules(natives, resident, pinnable)
     for t in targets:
         rules += hardware_rules(t.device_ops(), t.native_dim)
     return rules

@@ -22,12 +22,16 @@ from egraph_rules.ir import SCHEMA, T, Term, comp, fin, fout, ta, tp, ts, ty
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator
 from extraction.greedy import GraphView, extract_greedy
-from liftsat.api import rules_for
+from egraph_rules.algorithmic_rules import algorithmic_rules
+from egraph_rules.dsl_rules import dsl_rules
+from egraph_rules.hardware_rules import hardware_rules
 from liftsat.targets import get_target
 
 NATIVE = 4
 TARGET = get_target("brainwave", NATIVE)
-RULES = rules_for([TARGET])
+#: the rules liftsat.api.rules_for gives, with capacity guards small enough for tiny examples
+RULES = dsl_rules() + algorithmic_rules((NATIVE,), resident=1 << 20, pinnable=1) + hardware_rules(
+    TARGET.device_ops(), NATIVE)
 RULES_BY_NAME = {r.name: r for r in RULES}
 MEANINGS = {op.name: op.meaning for op in TARGET.device_ops()}
 BUDGET = Budget(nodes=5000, iterations=3, seconds=10)
