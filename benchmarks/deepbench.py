@@ -24,7 +24,7 @@ import tomllib
 from pathlib import Path
 
 from frontend.layers import LayerError, build_model, parse_layer
-from liftsat.api import compile_term
+from liftsat.api import NoProgramError, compile_term
 from liftsat.targets import get_target
 
 SIZES = Path(__file__).with_name("deepbench.toml")
@@ -65,11 +65,15 @@ def layers() -> list[tuple[str, list[str], tuple[int, ...] | None]]:
 
 def measure(specs: list[str], shape: tuple[int, ...]) -> dict:
     model = build_model([parse_layer(s) for s in specs], shape, values=False)
-    stats, best, extract_s = compile_term(model.term, get_target("brainwave"))
+    try:
+        stats, best, extract_s = compile_term(model.term, get_target("brainwave"))
+        predicted: float | None = best.cycles
+    except NoProgramError as exc:  # e.g. a recurrent state larger than the on-chip memories
+        stats, predicted, extract_s = exc.stats, None, 0.0
     top = sorted(stats.matches_per_rule.items(), key=lambda kv: -kv[1])[:3]
     return {"enodes": stats.enodes, "eclasses": stats.eclasses, "iterations": stats.iterations,
             "stop": stats.stop_reason, "saturation_s": stats.seconds, "extraction_s": extract_s,
-            "predicted_cycles": best.cycles, "within_budget": stats.enodes <= NODE_BUDGET
+            "predicted_cycles": predicted, "within_budget": stats.enodes <= NODE_BUDGET
             and stats.seconds <= SECONDS_BUDGET,
             "growth": "" if stats.saturated else ", ".join(f"{r} ({n})" for r, n in top)}
 
@@ -96,9 +100,10 @@ def main() -> None:
             rows.append({"layer": name, "supported": False, "error": str(exc)})
             continue
         rows.append({"layer": name, "layers": specs, "input": list(shape), **r})
+        predicted = "no program fits on chip" if r["predicted_cycles"] is None else f"{r['predicted_cycles']:.0f}"
         print(f"| {name} | {' '.join(specs)} | {'x'.join(map(str, shape))} | {r['enodes']} | {r['eclasses']} | "
               f"{r['iterations']} | {r['stop']} | {r['saturation_s']:.2f} | {r['extraction_s']:.2f} | "
-              f"{r['predicted_cycles']:.0f} | {'yes' if r['within_budget'] else 'NO'} | {r['growth']} |")
+              f"{predicted} | {'yes' if r['within_budget'] else 'NO'} | {r['growth']} |")
     flat = [measure([f"GRUCell({h}, {h})"], (1, h))["enodes"] for h in (512, 1024, 2048, 4096)]
     done = [r for r in rows if "enodes" in r]
     convs = [measure(["Conv2d(64, 64, 3, padding=1)"], (1, 64, hw, hw))["enodes"] for hw in (14, 28, 56, 112)]

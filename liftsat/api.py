@@ -29,9 +29,10 @@ class SimulationMismatch(RuntimeError):
 
 def rules_for(targets: list[Target]) -> list[Rule]:
     """DSL, algorithmic (tiled to the targets' native sizes; weight-stationary GEMMs only where
-    every target holds the results but not the weights on chip) and hardware rules, together."""
+    every target's result memory is at most half filled by the results, the other half left for
+    operands, and the weights do not fit on chip) and hardware rules, together."""
     natives = tuple(sorted({t.native_dim for t in targets}))
-    resident = min(t.cost_model().result_capacity // 4 for t in targets)
+    resident = min(t.cost_model().result_capacity // 8 for t in targets)  # half of it, in elements
     pinnable = min(max(m.capacity for m in t.memories.values()) // 4 for t in targets)
     rules = dsl_rules() + algorithmic_rules(natives, resident, pinnable)
     for t in targets:
@@ -113,6 +114,14 @@ class Result:
         }
 
 
+class NoProgramError(ExtractionError):
+    """No program for the layer on the target; carries the saturation figures of the attempt."""
+
+    def __init__(self, message: str, stats: SaturationStats):
+        super().__init__(message)
+        self.stats = stats
+
+
 def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tuple[SaturationStats, Extracted, float]:
     """Saturate a program term with every rule level for the target, extract its cheapest
     program; returns the saturation figures, the extracted program and the extraction seconds."""
@@ -125,9 +134,10 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
         best = extract_greedy(graph, graph.roots["root"], target.cost_model())
     except ExtractionError as exc:
         if stats.saturated:
-            raise ExtractionError(f"{exc} on {target.name}: the rules cover no device program for it") from None
-        raise ExtractionError(f"{exc} on {target.name} before saturation stopped ({stats.stop_reason}); "
-                              f"a larger budget may find one") from None
+            raise NoProgramError(f"{exc} on {target.name}: the rules cover no device program for it, or its "
+                                 f"values do not fit in the target's on-chip memories", stats) from None
+        raise NoProgramError(f"{exc} on {target.name} before saturation stopped ({stats.stop_reason}); "
+                             f"a larger budget may find one", stats) from None
     return stats, best, time.perf_counter() - t0
 
 
