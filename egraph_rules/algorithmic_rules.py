@@ -237,10 +237,10 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
             f"(Comp (DistR (TP (TA (TA s k) n) (TA (TA s k) {N}))) {ws_swap_in})) (/ o {N})) "
             f"(Comp (DistR (TP {ws_blocks} (TA (TA s k) n))) "
             f"(Fork (Comp (Split {N} (TA (TA s k) o)) (Comp (Transpose (TA (TA s o) k)) (Snd {ws_in}))) (Fst {ws_in}))))))",
-            a, [f"(= 0 (% o {N}))", "(> n 1)", f"(<= (* n o) {resident})", f"(> (* k o) {pinnable})"]),),
-             f"output columns o divisible by {N}, more than one row, the n x o result fits on chip "
-             f"({resident} elements) and the k x o weights do not ({pinnable} elements; pinned weights "
-             f"need no reuse)",
+            a, [f"(= 0 (% o {N}))", "(> n 1)", f"(<= (* n (+ o k)) {resident})", f"(> (* k o) {pinnable})"]),),
+             f"output columns o divisible by {N}, more than one row, the n x k rows and the n x o result "
+             f"fit on chip together ({resident} elements) and the k x o weights do not ({pinnable} "
+             f"elements; pinned weights need no reuse)",
              f"A . B = for each block of {N} output columns (a weight block), for each row a of A: "
              f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
              f"once for all rows", ex_ws),

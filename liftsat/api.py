@@ -29,10 +29,10 @@ class SimulationMismatch(RuntimeError):
 
 def rules_for(targets: list[Target]) -> list[Rule]:
     """DSL, algorithmic (tiled to the targets' native sizes; weight-stationary GEMMs only where
-    every target's result memory is at most half filled by the results, the other half left for
-    operands, and the weights do not fit on chip) and hardware rules, together."""
+    every target's result memory holds the GEMM's rows and results and its weights do not fit on
+    chip) and hardware rules, together."""
     natives = tuple(sorted({t.native_dim for t in targets}))
-    resident = min(t.cost_model().result_capacity // 8 for t in targets)  # half of it, in elements
+    resident = min(t.cost_model().result_capacity // 4 for t in targets)
     pinnable = min(max(m.capacity for m in t.memories.values()) // 4 for t in targets)
     rules = dsl_rules() + algorithmic_rules(natives, resident, pinnable)
     for t in targets:
