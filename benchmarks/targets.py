@@ -6,8 +6,8 @@ convolutions at full size. For each target and layer it prints the simulated cyc
 inference, the roofline cycles (max of MACs / peak MACs per cycle and minimum DRAM bytes / bytes
 per cycle), the efficiency (roofline / simulated), the largest relative error against numpy and
 the device instructions executed, and per target the AlexNet convolutions' overall efficiency
-(Snowflake's beside its published figure). Rows marked timing-only run without values, at full
-size; the others are simulated functionally (values checked, and timing-only simulation must
+(Snowflake's beside its published figure), then every DeepBench inference GEMM at full size on
+every target. Rows marked timing-only run without values, at full size; the others are simulated functionally (values checked, and timing-only simulation must
 give the same cycles).
 
 Why: targets are data; this shows that one description per accelerator is enough for every layer
@@ -25,10 +25,13 @@ import math
 import os
 import platform
 import time
+import tomllib
+from pathlib import Path
 
 from liftsat.api import optimize
 from liftsat.targets import BUILTIN
 
+DEEPBENCH = Path(__file__).with_name("deepbench.toml")
 #: torchvision's AlexNet convolutions and their inputs
 ALEXNET_CONVS = [("Conv2d(3, 64, 11, stride=4, padding=2)", (1, 3, 224, 224)),
                  ("Conv2d(64, 192, 5, padding=2)", (1, 64, 27, 27)),
@@ -58,6 +61,17 @@ def run(target: str, name: str, layers: list[str], shape: tuple[int, ...], funct
             "seconds": time.perf_counter() - t0}
 
 
+def deepbench_inference_gemms() -> list[tuple[str, list[str], tuple[int, ...]]]:
+    """DeepBench's inference GEMMs (M, N, K, a_t, b_t) as liftsat MatMul layers (see README)."""
+    db = tomllib.loads(DEEPBENCH.read_text())
+    out = []
+    for suite in ("inference_server", "inference_device"):
+        for m, n, k, a_t, b_t in db["gemm"][suite]:
+            out.append((f"{m} x {n} x {k}", [f"MatMul({k}, {m}, a_t={not b_t}, b_t={not a_t})"],
+                        (k, n) if not b_t else (n, k)))
+    return out
+
+
 def table(rows: list[dict]) -> str:
     """The rows as a Markdown table."""
     lines = ["| target | layer | simulated cycles | roofline cycles | efficiency | max rel error | instructions executed |",
@@ -85,6 +99,15 @@ def main() -> None:
         published = f" (published for Snowflake: above {SNOWFLAKE_PUBLISHED:.2f})" if target == "snowflake" else ""
         print(f"\n{target}: AlexNet convolutions overall efficiency {overall:.3f}{published}", end="")
     print()
+    gemms = [(name, run(t, name, layers, shape, False)) for name, layers, shape in deepbench_inference_gemms()
+             for t in args.targets]
+    print("\nEvery DeepBench inference GEMM at full size (timing-only): simulated cycles (efficiency)\n")
+    print("| GEMM M x N x K | " + " | ".join(args.targets) + " |")
+    print("|---|" + "---|" * len(args.targets))
+    for name in dict.fromkeys(n for n, _ in gemms):
+        cells = [f"{r['cycles']} ({r['efficiency']:.3f})" for n, r in gemms if n == name]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    rows += [r for _, r in gemms]
     print(f"\nwall-clock seconds per row: max {max(r['seconds'] for r in rows):.1f}, "
           f"total {sum(r['seconds'] for r in rows):.1f}")
     if args.json:
