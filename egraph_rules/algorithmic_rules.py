@@ -187,8 +187,8 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         return T("Comp", T("VVAdd", tp(_v(n), _v(n))), T("Fork", g, h))
 
     def ex_ws(rng):
-        k = _pick(rng, 1, 5)
-        return T("MMMul", tp(_m(_pick(rng, 2, 4), k), _m(k, N * _pick(rng, 1, 2))))
+        k = _pick(rng, 1, 3)
+        return T("MMMul", tp(_m(2, k), _m(k, N)))
 
     ws_in = "(TP (TA (TA s k) n) (TA (TA s o) k))"
     ws_blocks = f"(TA (TA (TA s k) {N}) (/ o {N}))"

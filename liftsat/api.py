@@ -34,7 +34,7 @@ def rules_for(targets: list[Target]) -> list[Rule]:
     natives = tuple(sorted({t.native_dim for t in targets}))
     resident = min(t.cost_model().result_capacity // 4 for t in targets)
     pinnable = min(max(m.capacity for m in t.memories.values()) // 4 for t in targets)
-    rules = dsl_rules() + algorithmic_rules(natives, resident, pinnable)
+    rules = dsl_rules(resident, pinnable) + algorithmic_rules(natives, resident, pinnable)
     for t in targets:
         rules += hardware_rules(t.device_ops(), t.native_dim)
     return rules

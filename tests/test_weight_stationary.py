@@ -24,3 +24,15 @@ def test_pinned_weights_keep_the_row_loop_outside():
     r = optimize(["Linear(256, 256)"], (4, 256), target="brainwave", native_dim=32)
     assert r.weights["W0"] == "pinned" and r.max_rel_error <= 1e-4
     assert "mmmul-weight-stationary/32" not in {k for k, v in r.egraph.matches_per_rule.items() if v}
+
+
+def test_rows_that_do_not_fit_run_in_bands():
+    """Linear(1024, 256) over 64 rows on snowflake: the weights (1 MiB) and the 64 rows with their
+    results do not fit its 512 KiB buffers, so the rows run in bands of 25 (the last one padded),
+    each band weight-stationary: three passes over the weights instead of 64 (a row-by-row
+    program would take about 64 times the cycles of one row; this one takes about 6)."""
+    one = optimize(["Linear(1024, 256)"], (1, 1024), target="snowflake", functional=False)
+    banded = optimize(["Linear(1024, 256)"], (64, 1024), target="snowflake")
+    assert banded.max_rel_error <= 1e-4
+    assert banded.egraph.matches_per_rule.get("batched-linear-bands", 0) > 0
+    assert banded.cycles < 8 * one.cycles
