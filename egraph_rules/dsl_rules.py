@@ -12,11 +12,15 @@ def _dims(rng: np.random.Generator) -> tuple[int, int]:
     return int(rng.integers(1, 40)), int(rng.integers(1, 40))
 
 
+def _layer(bias: bool, out: int, k: int) -> Term:
+    """Linear(k, out) with or without its bias, weights named W and b."""
+    w = T("Var", "W", tensor_type("f32", (out, k)))
+    return T("Linear", w, T("Var", "b", ta(ts("f32"), out)), ta(ts("f32"), k)) if bias else T("LinearNB", w, ta(ts("f32"), k))
+
+
 def _linear_example(rng: np.random.Generator) -> Term:
     n, k = _dims(rng)
-    w = T("Var", "W", tensor_type("f32", (n, k)))
-    b = T("Var", "b", ta(ts("f32"), n))
-    return T("Linear", w, b, ta(ts("f32"), k))
+    return _layer(True, n, k)
 
 
 def _mmmul_example(rng: np.random.Generator) -> Term:
@@ -26,7 +30,7 @@ def _mmmul_example(rng: np.random.Generator) -> Term:
 
 def _linear_nb_example(rng: np.random.Generator) -> Term:
     n, k = _dims(rng)
-    return T("LinearNB", T("Var", "W", tensor_type("f32", (n, k))), ta(ts("f32"), k))
+    return _layer(False, n, k)
 
 
 class _Cell:
@@ -110,9 +114,7 @@ def _rnn_example(nonlinearity: str):
 def _batched_example(bias: bool):
     def example(rng: np.random.Generator) -> Term:
         n, k, o = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
-        w = T("Var", "W", tensor_type("f32", (o, k)))
-        layer = T("Linear", w, T("Var", "b", ta(ts("f32"), o)), ta(ts("f32"), k)) if bias else T("LinearNB", w, ta(ts("f32"), k))
-        return T("Map", layer, n)
+        return T("Map", _layer(bias, o, k), n)
 
     return example
 
@@ -121,9 +123,7 @@ def _banded_example(resident: int, bias: bool):
     def example(rng: np.random.Generator) -> Term:
         k, o = int(rng.integers(2, 4)), 4
         rows = resident // 4 // (o + k)
-        w = T("Var", "W", tensor_type("f32", (o, k)))
-        layer = T("Linear", w, T("Var", "b", ta(ts("f32"), o)), ta(ts("f32"), k)) if bias else T("LinearNB", w, ta(ts("f32"), k))
-        return T("Map", layer, rows + int(rng.integers(1, rows + 2)))
+        return T("Map", _layer(bias, o, k), rows + int(rng.integers(1, rows + 2)))
 
     return example
 

@@ -10,6 +10,7 @@ input and one output type and rewrite rules can check shapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Union
@@ -421,6 +422,13 @@ def egglog_declarations() -> str:
         lines.append(f"  ({sort} " + "\n     ".join(ctors) + ")")
     lines[-1] += ")"
     return "\n".join(lines)
+
+
+def lifted(t: Term, depth: int, make: Callable[[Term], Term]) -> Term:
+    """make(element type) applied `depth` array levels inside a value of type t (a Map per level)."""
+    if depth == 0:
+        return make(t)
+    return T("Map", lifted(t.args[0], depth - 1, make), t.args[1])
 
 
 def comp(*fs: Term) -> Term:

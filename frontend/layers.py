@@ -306,12 +306,11 @@ def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generat
                  (m * k + m * n) * 4, dtype, ["B"])
 
 
-def _window(where: str, p: dict, stride_default: object) -> Window:
-    """The window sizes of a conv or pool layer as pairs, each checked."""
+def _window(where: str, p: dict) -> Window:
+    """The window sizes of a conv or pool layer as pairs, each checked (stride None: the kernel)."""
     sizes = {}
-    for name, default, least in (("kernel_size", None, 1), ("stride", stride_default, 1), ("padding", 0, 0),
-                                 ("dilation", 1, 1)):
-        v = p.get(name, default)
+    for name, least in (("kernel_size", 1), ("stride", 1), ("padding", 0), ("dilation", 1)):
+        v = p.get(name, 1)  # AvgPool2d has no dilation
         if v is None:
             v = sizes["kernel_size"]
         pair = (v, v) if isinstance(v, int) and not isinstance(v, bool) else v
@@ -334,7 +333,7 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
     if spec.name not in SPATIAL:
         raise LayerError(f"{where}: a {spec.name} layer cannot take an image (its input is "
                          f"{c}x{h}x{w} channels x rows x columns)")
-    win = _window(where, p, p.get("stride"))
+    win = _window(where, p)
     if spec.name == "MaxPool2d":
         for flag, ok in (("return_indices", False), ("ceil_mode", False)):
             if p[flag] != ok:

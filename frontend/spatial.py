@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, fout, shape_of, ta, tp, ty
+from egraph_rules.ir import T, Term, fout, lifted, shape_of, ta, tp, ty
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,6 @@ class Stages:
         return self
 
 
-def _in_rows(t: Term, depth: int, make) -> Term:
-    """make(elem type) applied `depth` array levels inside t (a Map per level)."""
-    if depth == 0:
-        return make(t)
-    return T("Map", _in_rows(t.args[0], depth - 1, make), t.args[1])
-
-
 def windows(s: Stages, win: Window) -> Stages:
     """[H][W][C] -> [OH][OW][kh][kw][C]: zero padding, then a Slide over rows and one over
     columns; a dilated window keeps every d-th element of its span (Slide 1 d, then Join)."""
@@ -66,7 +59,7 @@ def windows(s: Stages, win: Window) -> Stages:
     if ph:
         s.then(T("Pad", ph, ph, s.t))
     if pw:
-        s.then(_in_rows(s.t, 1, lambda e: T("Pad", pw, pw, e)))
+        s.then(lifted(s.t, 1, lambda e: T("Pad", pw, pw, e)))
     dilate = [None, None]
     for axis in (0, 1):
         d = win.dilation[axis]
@@ -74,28 +67,28 @@ def windows(s: Stages, win: Window) -> Stages:
             dilate[axis] = lambda e, d=d: T("Comp", T("Join", fout(T("Slide", 1, d, e))), T("Slide", 1, d, e))
     s.then(T("Slide", win.span(0), win.stride[0], s.t))
     if dilate[0]:
-        s.then(_in_rows(s.t, 1, dilate[0]))
-    s.then(_in_rows(s.t, 2, lambda e: T("Slide", win.span(1), win.stride[1], e)))
+        s.then(lifted(s.t, 1, dilate[0]))
+    s.then(lifted(s.t, 2, lambda e: T("Slide", win.span(1), win.stride[1], e)))
     if dilate[1]:
-        s.then(_in_rows(s.t, 3, dilate[1]))
-    return s.then(_in_rows(s.t, 1, lambda e: T("Transpose", e)))
+        s.then(lifted(s.t, 3, dilate[1]))
+    return s.then(lifted(s.t, 1, lambda e: T("Transpose", e)))
 
 
 def flatten_window(t: Term) -> Term:
     """[kh][kw][C] -> [kh*kw*C], taps in (row, column, channel) order."""
-    rows = _in_rows(t, 1, lambda e: T("Join", e))
+    rows = lifted(t, 1, lambda e: T("Join", e))
     return T("Comp", T("Join", fout(rows)), rows)
 
 
 def to_hwc(t: Term) -> Term:
     """[C][H][W] -> [H][W][C]."""
     first = T("Transpose", t)
-    return T("Comp", _in_rows(fout(first), 1, lambda e: T("Transpose", e)), first)
+    return T("Comp", lifted(fout(first), 1, lambda e: T("Transpose", e)), first)
 
 
 def to_chw(t: Term) -> Term:
     """[H][W][C] -> [C][H][W]."""
-    first = _in_rows(t, 1, lambda e: T("Transpose", e))
+    first = lifted(t, 1, lambda e: T("Transpose", e))
     return T("Comp", T("Transpose", fout(first)), first)
 
 
@@ -135,7 +128,7 @@ def depthwise_conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
             T("Comp", T("Map", row, kh), T("Comp", T("Zip", tp(win_t, win_t)), T("Fork", T("Id", win_t), T("Const", taps, win_t)))))
     if b is not None:
         per = T("Comp", add, T("Fork", per, T("Const", b, win_t)))
-    return s.then(_in_rows(s.t, 2, lambda e: per))
+    return s.then(lifted(s.t, 2, lambda e: per))
 
 
 def pool(s: Stages, win: Window, kind: str, scale: Term | None) -> Stages:
@@ -149,12 +142,12 @@ def pool(s: Stages, win: Window, kind: str, scale: Term | None) -> Stages:
     per = T("Comp", T("Reduce", op, ta(vec, kh)), T("Map", T("Reduce", op, ta(vec, kw)), kh))
     if scale is not None:
         per = T("Comp", T("VVMul", tp(vec, vec)), T("Fork", per, T("Const", scale, win_t)))
-    return s.then(_in_rows(s.t, 2, lambda e: per))
+    return s.then(lifted(s.t, 2, lambda e: per))
 
 
 def elementwise(s: Stages, op: str) -> Stages:
     """An activation applied to every pixel's channel vector."""
-    return s.then(_in_rows(s.t, 2, lambda e: T(op, e)))
+    return s.then(lifted(s.t, 2, lambda e: T(op, e)))
 
 
 # ---------------------------------------------------------------- references (NCHW, float64)

@@ -12,9 +12,11 @@ weights in DRAM, padded where the term pads them. Memory is allocated with capac
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from egraph_rules.ir import T, Term, comp, fout, shape_of, ta, ty
+from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.target import OpSpec, Target
 
@@ -107,18 +109,11 @@ def _view(f: Term, v: Buf, dim: int) -> Buf:
     return Buf(v.space, v.addr, tuple(sh), tuple(st), *_host(f, v, dim))
 
 
-def _lifted(f: Term, t: Term, depth: int) -> Term:
-    """f applied `depth` array levels inside a value of type t (Map around it per level)."""
-    if depth == 0:
-        return f
-    return Term("Map", (_lifted(f, t.args[0], depth - 1), t.args[1]))
-
-
 def _host(f: Term, v: Buf, dim: int) -> tuple[Term | None, tuple[Affine, ...]]:
     """The host-side whole-array value of a view of host data, and the indices into it."""
     if v.host is None:
         return None, ()
-    return Term("App", (_lifted(f, ty(v.host), len(v.hidx) + dim), v.host)), v.hidx
+    return Term("App", (lifted(ty(v.host), len(v.hidx) + dim, lambda _: f), v.host)), v.hidx
 
 
 def _stages(f: Term) -> list[Term]:
@@ -403,7 +398,7 @@ class Codegen:
                 if v.host is None:
                     raise
         if _host_layout(f) and isinstance(v, Buf) and v.host is not None:
-            e = Term("App", (_lifted(f, ty(v.host), len(v.hidx)), v.host))
+            e = Term("App", (lifted(ty(v.host), len(v.hidx), lambda _: f), v.host))
             out: object = self.host_buffer(e, ty(e), _describe(e))
             for i in v.hidx:
                 out = _index(out, i)
@@ -493,6 +488,16 @@ class Codegen:
             out = _view(view, out, 1)
         return out
 
+    @contextmanager
+    def unshared(self) -> Iterator[None]:
+        """Values compiled inside are not shared afterwards: they read a buffer that is later
+        overwritten (an accumulator, a recurrent state)."""
+        before = dict(self.shared)
+        try:
+            yield
+        finally:
+            self.shared = before
+
     def snapshot(self) -> tuple:
         """The compilation state, to go back to when an attempt does not fit."""
         return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
@@ -505,22 +510,11 @@ class Codegen:
         del self.host[hosts:], self.setup[setups:], self.block[instrs:]
 
     def stream_out(self, m: Term, v: object) -> Buf:
-        """ToOutput of a Map whose program does not fit on chip with all its results there: each
-        iteration writes its result to DRAM as soon as it is computed, so on-chip memory holds one
-        iteration's result."""
+        """ToOutput of a Map whose program does not fit on chip with all its results there: the
+        store moves into the loop (as the rule tooutput-into-map does), so each iteration's
+        result is written to DRAM as soon as it is computed and on-chip memory holds one."""
         body, n = m.args
-        shape = shape_of(fout(body))
-        padded = (*shape[:-1], -(-shape[-1] // self.n) * self.n)
-        out = self.allocate("dram", (n, *padded))
-
-        def one(i: Affine) -> None:
-            row = self.apply(body, _index(v, i))
-            if not isinstance(row, Buf) or row.space == "dram":
-                raise CodegenError(f"a Map iteration written out must compute one array on chip, not {type(row).__name__}")
-            self.transfer("store", self.t.store_mnemonic, _index(out, i), replace(row, shape=padded), tile=False)
-
-        self.loop(n, one)
-        return replace(out, shape=(n, *shape))
+        return self.map(T("Comp", T("ToOutput", fout(body)), body), n, v, None)
 
     def reduce(self, op: Term, n: int, v: object, dest: Buf | None) -> object:
         if n == 1:
@@ -536,11 +530,10 @@ class Codegen:
             if self.apply(op, PairV(a, b), acc) != acc:
                 raise CodegenError(f"the reduction operator {op.op} does not accumulate in place")
 
-        before = dict(self.shared)
-        step(_index(v, Affine(0)), _index(v, Affine(1)))
-        if n > 2:
-            self.loop(n - 2, lambda i: step(acc, _index(v, i + 2)))
-        self.shared = before  # what was computed from the accumulator is stale once it is updated
+        with self.unshared():  # what is computed from the accumulator is stale once it is updated
+            step(_index(v, Affine(0)), _index(v, Affine(1)))
+            if n > 2:
+                self.loop(n - 2, lambda i: step(acc, _index(v, i + 2)))
         return acc
 
     def storage(self, f: Term, lead: tuple[int, ...] = ()) -> object:
@@ -613,10 +606,8 @@ class Codegen:
     def fold_step(self, step: Term, v: object, store: object) -> object:
         """One step of a Fold into store; values it computes are not shared with other steps
         (they read a state buffer that later steps overwrite)."""
-        shared = dict(self.shared)
-        out = self.place(step, v, store)
-        self.shared = shared
-        return out
+        with self.unshared():
+            return self.place(step, v, store)
 
     def pad_on_chip(self, f: Term, v: object, dest: Buf | None) -> Buf:
         """Zero padding of a computed vector: each native vector of the result is the source's

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from egraph_rules.hardware_rules import DeviceOp
 from egraph_rules.ir import Term, nbytes, numel
@@ -78,6 +79,11 @@ class Target:
     def op_by_name(self) -> dict[str, OpSpec]:
         return {o.op.name: o for o in self.ops}
 
+    @cached_property
+    def result_capacity(self) -> int:
+        """Bytes of the largest memory a device op writes its results to."""
+        return max(self.memories[o.op.result_space].capacity for o in self.ops)
+
     def device_ops(self) -> list[DeviceOp]:
         """What the hardware rules are generated from."""
         return [o.op for o in self.ops]
@@ -115,8 +121,6 @@ class CycleCost:
     def __init__(self, target: Target):
         self.t = target
         self.ops = target.op_by_name
-        #: the largest memory a device op writes its results to
-        self.result_capacity = max(target.memories[o.op.result_space].capacity for o in target.ops)
 
     def unit_elems(self, space: str) -> int:
         """Elements one load into this memory moves (a vector, or a native tile)."""
@@ -140,7 +144,7 @@ class CycleCost:
         if op == "ToChip":
             return self.load(*args)
         if op in ("ToOutput", "ToDram"):
-            if nbytes(args[0]) > self.result_capacity:
+            if nbytes(args[0]) > self.t.result_capacity:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
             return (busy, 0.0, 0.0, units)

@@ -32,7 +32,7 @@ def rules_for(targets: list[Target]) -> list[Rule]:
     every target's result memory holds the GEMM's rows and results and its weights do not fit on
     chip) and hardware rules, together."""
     natives = tuple(sorted({t.native_dim for t in targets}))
-    resident = min(t.cost_model().result_capacity // 4 for t in targets)
+    resident = min(t.result_capacity // 4 for t in targets)
     pinnable = min(max(m.capacity for m in t.memories.values()) // 4 for t in targets)
     rules = dsl_rules(resident, pinnable) + algorithmic_rules(natives, resident, pinnable)
     for t in targets:

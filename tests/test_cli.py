@@ -128,7 +128,7 @@ BAD = {
     "unknown option": ["optimize", "Linear(8, 4)", "--input", "1x8", "--fast"],
     "json and listing": ["optimize", "Linear(8, 4)", "--input", "1x8", "--json", "--listing"],
     "kernel larger than input": ["optimize", "Conv2d(3, 8, 7)", "--input", "1x3x5x5"],
-    "groups do not divide": ["optimize", "Conv2d(6, 8, 3, groups=4)", "--input", "1x3x6x6"],
+    "groups do not divide": ["optimize", "Conv2d(6, 8, 3, groups=4)", "--input", "1x6x6x6"],
     "image layer on features": ["optimize", "MaxPool2d(2)", "--input", "1x8"],
     "no program within budget": ["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32",
                                  "--max-iterations", "0"],
