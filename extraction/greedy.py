@@ -24,6 +24,12 @@ class CostModel(Protocol):
         """Cost of an e-node: args holds Ty terms, ints and strings in place and None for F/E
         children; child_costs holds the costs of the F/E children in order."""
 
+    def local(self, op: str, args: tuple) -> tuple[float, ...]:
+        """The e-node's own cost vector; `node` is local plus the scaled child costs."""
+
+    def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
+        """How many times each F/E child's cost counts in the e-node's cost."""
+
     def scalar(self, cost: Any) -> float:
         """Predicted cycles of a cost (INF when the target cannot run it)."""
 

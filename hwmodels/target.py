@@ -99,24 +99,28 @@ class Target:
         return CycleCost(self)
 
 
-Cost = tuple[float, float, float, float]
-ZERO: Cost = (0.0, 0.0, 0.0, 0.0)
-NEVER: Cost = (INF, INF, INF, INF)
+Cost = tuple[float, ...]
+ZERO: Cost = (0.0,) * len(UNITS)
+NEVER: Cost = (INF,) * len(UNITS)
 
 
-def _add(*cs: Cost) -> Cost:
-    return tuple(sum(c[i] for c in cs) for i in range(4))  # type: ignore[return-value]
-
-
-def _scale(c: Cost, k: float) -> Cost:
-    return tuple(x * k for x in c)  # type: ignore[return-value]
+def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
+    """A cost that keeps one unit busy and issues some instructions."""
+    c = [0.0] * len(UNITS)
+    c[UNITS.index("issue")] = issued
+    c[UNITS.index(unit)] += busy
+    return tuple(c)
 
 
 class CycleCost:
-    """The target's cycle cost model, one e-node at a time (for extraction)."""
+    """The target's cycle cost model, one e-node at a time. It is linear: an e-node costs its own
+    `local` cost plus each F/E child's cost times the node's `scales` factor (a loop's trip
+    count; 0 under Const, which is computed once at setup). The greedy extractor folds it over
+    terms with `node`; the ILP extractor uses `local` and `scales` to count shared subterms once."""
 
     #: re-indexing is addressing, and padding is done by the host when it lays out inputs
-    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "Var", "Pair")
+    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "Var", "Pair",
+            "Comp", "Fork", "App")
 
     def __init__(self, target: Target):
         self.t = target
@@ -127,35 +131,43 @@ class CycleCost:
         n = self.t.native_dim
         return n * n if self.t.memories[space].load_unit == "tile" else n
 
-    def node(self, op: str, args: tuple, kids: list[Cost]) -> Cost:  # noqa: C901 - a table
-        if op in self.FREE:
-            return _add(ZERO, *kids)
-        if op in ("Comp", "Fork", "App"):
-            return _add(*kids)
-        if op == "Map":
-            return _scale(kids[0], args[1])
-        if op == "Reduce":
-            n = args[1].args[1]
-            return _scale(kids[0], max(n - 1, 0))
-        if op == "Fold":
-            return _scale(kids[0], args[1].args[1].args[1])
-        if op == "Const":
-            return ZERO if self.scalar(kids[0]) < INF else NEVER
+    def local(self, op: str, args: tuple) -> Cost:
+        """The cost of the e-node itself, without its children (NEVER: the target cannot run it)."""
+        if op in self.FREE or op in ("Map", "Reduce", "Fold", "Const"):
+            return ZERO
         if op == "ToChip":
             return self.load(*args)
         if op in ("ToOutput", "ToDram"):
             if nbytes(args[0]) > self.t.result_capacity:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
-            return (busy, 0.0, 0.0, units)
+            return _unit_cost("dma", busy, units)
         if op == "Dev":
             spec = self.ops.get(args[0])
-            if spec is None:
-                return NEVER
-            c = [0.0, 0.0, 0.0, 1.0]
-            c[UNITS.index(spec.unit)] = spec.occupancy
-            return tuple(c)  # type: ignore[return-value]
+            return NEVER if spec is None else _unit_cost(spec.unit, spec.occupancy, 1)
         return NEVER
+
+    def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
+        """How many times each F/E child's cost counts in the e-node's cost."""
+        if op == "Map":
+            return (float(args[1]),)
+        if op == "Reduce":
+            return (float(max(args[1].args[1] - 1, 0)),)
+        if op == "Fold":
+            return (float(args[1].args[1].args[1]),)
+        if op == "Const":
+            return (0.0,)
+        return (1.0,) * nkids
+
+    def node(self, op: str, args: tuple, kids: list[Cost]) -> Cost:
+        """local + sum of scaled children; NEVER when the node or any child cannot run."""
+        if any(self.scalar(k) == INF for k in kids):
+            return NEVER
+        total = list(self.local(op, args))
+        for k, s in zip(kids, self.scales(op, args, len(kids))):
+            for i, x in enumerate(k):
+                total[i] += s * x
+        return tuple(total)
 
     def load(self, space: str, t: Term) -> Cost:
         """Moving a value of type t from DRAM into `space`, through the memory it is staged in."""
@@ -164,11 +176,11 @@ class CycleCost:
             return NEVER
         if not mem.load_from:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
-            return (busy, 0.0, 0.0, units)
+            return _unit_cost("dma", busy, units)
         busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
-        c = [0.0, 0.0, 0.0, units]
-        c[UNITS.index(mem.loader)] = busy
-        return _add(self.load(mem.load_from, t), tuple(c))  # type: ignore[arg-type]
+        staged = self.load(mem.load_from, t)
+        return tuple(a + b for a, b in zip(staged, _unit_cost(mem.loader, busy, units)))
 
     def scalar(self, c: Cost) -> float:
+        """Predicted cycles: the busiest unit (the units run decoupled)."""
         return max(c)
