@@ -502,11 +502,21 @@ def _im2col() -> list[Rule]:
     ]
 
 
-def algorithmic_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
-    """Lift's structural rules, data-movement rules, and tiling rules for each tile size;
-    `resident` is how many result elements, and `pinnable` how many weight elements, the
-    selected targets can hold on chip at once."""
-    rules = _structural() + _movement() + _stacking() + _im2col()
+def common_algorithmic_rules() -> list[Rule]:
+    """Lift's structural rules and the data-movement, stacking and im2col rules: the same for
+    every target."""
+    return _structural() + _movement() + _stacking() + _im2col()
+
+
+def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
+    """Tiling rules for each tile size; `resident` is how many result elements, and `pinnable`
+    how many weight elements, the target can hold on chip at once."""
+    rules: list[Rule] = []
     for n in sorted(set(tile_sizes)):
         rules += _tiling(n, resident, pinnable)
     return rules
+
+
+def algorithmic_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
+    """Every algorithmic rule: the common ones and the tiling rules of these sizes."""
+    return common_algorithmic_rules() + tiling_rules(tile_sizes, resident, pinnable)

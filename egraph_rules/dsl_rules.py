@@ -141,10 +141,40 @@ def _cell_example(op: str):
     return example
 
 
-def dsl_rules(resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
-    """Fully connected layers become a matrix-vector product plus a bias (a batch of rows: a GEMM,
-    in bands of rows whose rows and results take at most a quarter of `resident` elements when the
-    weights do not fit in `pinnable`); cells become their gate arithmetic."""
+def band_rules(resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
+    """A batch of rows in bands whose rows and results take at most a quarter of `resident`
+    elements when the weights do not fit in `pinnable`: the target's memory sizes decide."""
+    return [
+        Rule(
+            "batched-linear-bands",
+            "dsl",
+            tuple(
+                rewrite(
+                    f"(Map ({layer} (TA s k)) n)",
+                    "(Comp (Slice 0 n (TA (TA s o) (* r nb))) (Comp (Join (TA (TA (TA s o) r) nb)) "
+                    f"(Comp (Map (Map ({layer} (TA s k)) r) nb) (Comp (Split r (TA (TA s k) (* r nb))) "
+                    "(Pad 0 (- (* r nb) n) (TA (TA s k) n))))))",
+                    "dsl",
+                    ["(= (TA (TA s k) o) (ty w))", f"(= r (/ {resident // 4} (+ o k)))", "(>= r 2)", "(< r n)",
+                     f"(> (* k o) {pinnable})", "(= nb (/ (+ n (- r 1)) r))"],
+                )
+                for layer in ("Linear w b", "LinearNB w")
+            ),
+            f"the weights do not fit on chip ({pinnable} elements); bands of r = {resident // 4} / (k + o) rows "
+            f"(a quarter of the result memory: the rest holds weight blocks, copies and outputs), padded to "
+            f"whole bands",
+            "Linear over n rows = Linear over bands of r rows (the last band padded with zero rows, their "
+            "results dropped): each band's rows and results fit on chip, so each band's GEMM can run "
+            "weight-stationary, one pass over the weights per band",
+            _banded_example(resident, True),
+            _banded_example(resident, False),
+        ),
+    ]
+
+
+def dsl_rules() -> list[Rule]:
+    """Fully connected layers become a matrix-vector product plus a bias (a batch of rows: a
+    GEMM); cells become their gate arithmetic. The same for every target."""
     return [
         Rule(
             "linear-to-mvmul",
@@ -194,30 +224,6 @@ def dsl_rules(resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
             "row: one GEMM, which tiling rules may run weight-stationary",
             _batched_example(True),
             _batched_example(False),
-        ),
-        Rule(
-            "batched-linear-bands",
-            "dsl",
-            tuple(
-                rewrite(
-                    f"(Map ({layer} (TA s k)) n)",
-                    "(Comp (Slice 0 n (TA (TA s o) (* r nb))) (Comp (Join (TA (TA (TA s o) r) nb)) "
-                    f"(Comp (Map (Map ({layer} (TA s k)) r) nb) (Comp (Split r (TA (TA s k) (* r nb))) "
-                    "(Pad 0 (- (* r nb) n) (TA (TA s k) n))))))",
-                    "dsl",
-                    ["(= (TA (TA s k) o) (ty w))", f"(= r (/ {resident // 4} (+ o k)))", "(>= r 2)", "(< r n)",
-                     f"(> (* k o) {pinnable})", "(= nb (/ (+ n (- r 1)) r))"],
-                )
-                for layer in ("Linear w b", "LinearNB w")
-            ),
-            f"the weights do not fit on chip ({pinnable} elements); bands of r = {resident // 4} / (k + o) rows "
-            f"(a quarter of the result memory: the rest holds weight blocks, copies and outputs), padded to "
-            f"whole bands",
-            "Linear over n rows = Linear over bands of r rows (the last band padded with zero rows, their "
-            "results dropped): each band's rows and results fit on chip, so each band's GEMM can run "
-            "weight-stationary, one pass over the weights per band",
-            _banded_example(resident, True),
-            _banded_example(resident, False),
         ),
         Rule(
             "mmmul-to-mvmul-rows",

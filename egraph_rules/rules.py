@@ -37,6 +37,15 @@ class Rule:
         object.__setattr__(self, "doc", doc)
         object.__setattr__(self, "examples", examples)
 
+    def union(self, other: Rule) -> Rule:
+        """This rule with the other's variants and side condition added (the same rule
+        instantiated for another target's sizes); unchanged when they are the same."""
+        extra = tuple(t for t in other.egglog if t not in self.egglog)
+        if not extra:
+            return self
+        return Rule(self.name, self.level, self.egglog + extra, f"{self.condition}; or {other.condition}", self.doc,
+                    *self.examples, *other.examples)
+
     def text(self) -> str:
         """The egglog commands, each named `rule-name#i` so that run reports count by rule."""
         return "\n".join(t[:-1] + f' :name "{self.name}#{i}")' for i, t in enumerate(self.egglog))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from egglog import bindings
@@ -84,6 +86,18 @@ class Saturator:
         except bindings.EggSmolError as exc:
             raise EGraphError(f"egglog: {exc}") from None
 
+    @contextmanager
+    def extended(self, rules: list[Rule]) -> Iterator[None]:
+        """Inside, the e-graph and rule set are a copy with these rules added; on exit both are
+        as they were (egglog push/pop), so each target can grow its own programs from one shared
+        e-graph without mixing in another target's."""
+        self._run("(push)")
+        try:
+            self._run("\n".join(r.text() for r in rules))
+            yield
+        finally:
+            self._run("(pop)")
+
     def add(self, name: str, term: Term) -> None:
         """Add a term under a global name (its e-class is a root)."""
         self._run(f"(let ${name} {term.sexpr})")
@@ -93,12 +107,15 @@ class Saturator:
         out = self._run("(print-size)")
         return _ir_size(out[0].sizes)
 
-    def run(self, budget: Budget) -> SaturationStats:
+    def run(self, budget: Budget, after: SaturationStats | None = None) -> SaturationStats:
         """Saturate all levels together: analyses to a fixpoint, then one step of every rule,
-        until nothing changes or a budget runs out (checked before every step)."""
+        until nothing changes or a budget runs out (checked before every step). `after`: an
+        earlier saturation of this e-graph that has spent part of the budget; the figures
+        returned then cover both."""
         start = time.perf_counter()
-        matches: Counter[str] = Counter()
-        iterations, saturated, reason = 0, False, ""
+        spent_iterations, spent_seconds = (after.iterations, after.seconds) if after else (0, 0.0)
+        matches: Counter[str] = Counter(after.matches_per_rule if after else {})
+        iterations, saturated, reason = spent_iterations, False, ""
         self._run("(run-schedule (saturate (run analysis)))")
         while True:
             size = self.size()
@@ -108,7 +125,7 @@ class Saturator:
             if iterations >= budget.iterations:
                 reason = f"iteration limit ({budget.iterations})"
                 break
-            if time.perf_counter() - start > budget.seconds:
+            if spent_seconds + time.perf_counter() - start > budget.seconds:
                 reason = f"time limit ({budget.seconds} s)"
                 break
             report = self._run("(run-schedule (run liftsat) (saturate (run analysis)))")[0].report
@@ -119,8 +136,8 @@ class Saturator:
             if not report.updated:
                 saturated, reason = True, "saturated"
                 break
-        return SaturationStats(self.size(), None, iterations, saturated, reason, time.perf_counter() - start,
-                               dict(matches))
+        return SaturationStats(self.size(), None, iterations, saturated, reason,
+                               spent_seconds + time.perf_counter() - start, dict(matches))
 
     def serialize(self, roots: dict[str, Term], stats: SaturationStats) -> SaturatedGraph:
         """The e-graph as plain data for extraction (IR sorts and their primitives only)."""

@@ -68,19 +68,36 @@ class GraphView:
         return self._const[cls]
 
 
-def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
-    """Cheapest term for root (a class id) under the cost model."""
-    view = GraphView(graph)
-    nodes = graph.nodes
-    work = []
-    for nid in sorted(nodes):
-        node = nodes[nid]
+@dataclass(frozen=True)
+class Item:
+    """An e-node as extraction sees it: id, op, constant arguments (None for F/E children), the
+    F/E child classes, and its own class."""
+
+    nid: str
+    op: str
+    args: tuple
+    kids: tuple[str, ...]
+    cls: str
+
+
+def items(graph: SaturatedGraph, view: GraphView) -> list[Item]:
+    """The e-nodes of sort F or E (the computations), in id order."""
+    out = []
+    for nid in sorted(graph.nodes):
+        node = graph.nodes[nid]
         if node["op"] not in SCHEMA or SCHEMA[node["op"]][0] == "Ty":
             continue
         arg_sorts = SCHEMA[node["op"]][1]
         args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
-        kids = [c for s, c in zip(arg_sorts, node["children"]) if s in ("F", "E")]
-        work.append((nid, node["op"], args, kids, node["eclass"]))
+        kids = tuple(c for s, c in zip(arg_sorts, node["children"]) if s in ("F", "E"))
+        out.append(Item(nid, node["op"], args, kids, node["eclass"]))
+    return out
+
+
+def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
+    """Cheapest term for root (a class id) under the cost model."""
+    view = GraphView(graph)
+    work = [(i.nid, i.op, i.args, i.kids, i.cls) for i in items(graph, view)]
     best: dict[str, tuple[float, int, str, Any]] = {}
     changed = True
     while changed:

@@ -8,15 +8,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from egraph_rules.algorithmic_rules import algorithmic_rules
-from egraph_rules.dsl_rules import dsl_rules
+from egraph_rules.algorithmic_rules import common_algorithmic_rules, tiling_rules
+from egraph_rules.dsl_rules import band_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.ir import Term
 from egraph_rules.rules import Rule
-from egraph_rules.saturate import Budget, Saturator, SaturationStats
+from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationStats
+from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from frontend.layers import LayerSpec, Model, build_model, parse_layer
-from hwmodels.codegen import generate
+from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Program
 from hwmodels.simulator import simulate
 from hwmodels.target import Target
@@ -27,17 +28,32 @@ class SimulationMismatch(RuntimeError):
     """Functional and timing-only simulation disagree on cycles (a simulator bug)."""
 
 
+def common_rules() -> list[Rule]:
+    """The rules every target shares: layers to Lift patterns, structure, movement, im2col."""
+    return dsl_rules() + common_algorithmic_rules()
+
+
+def memory_guards(target: Target) -> tuple[int, int]:
+    """(resident, pinnable): how many result elements, and how many weight elements, the target
+    holds on chip at once (the guards of its band and weight-stationary rules)."""
+    return target.result_capacity // 4, max(m.capacity for m in target.memories.values()) // 4
+
+
+def target_rules(target: Target) -> list[Rule]:
+    """A target's own rules: bands and tiles sized to its memories and native size, and its
+    hardware rules."""
+    resident, pinnable = memory_guards(target)
+    return (band_rules(resident, pinnable) + tiling_rules((target.native_dim,), resident, pinnable)
+            + hardware_rules(target.device_ops(), target.native_dim))
+
+
 def rules_for(targets: list[Target]) -> list[Rule]:
-    """DSL, algorithmic (tiled to the targets' native sizes; weight-stationary GEMMs only where
-    every target's result memory holds the GEMM's rows and results and its weights do not fit on
-    chip) and hardware rules, together."""
-    natives = tuple(sorted({t.native_dim for t in targets}))
-    resident = min(t.result_capacity // 4 for t in targets)
-    pinnable = min(max(m.capacity for m in t.memories.values()) // 4 for t in targets)
-    rules = dsl_rules(resident, pinnable) + algorithmic_rules(natives, resident, pinnable)
+    """The common rules and each target's own (for the rule catalogue)."""
+    merged: dict[str, Rule] = {r.name: r for r in common_rules()}
     for t in targets:
-        rules += hardware_rules(t.device_ops(), t.native_dim)
-    return rules
+        for r in target_rules(t):
+            merged[r.name] = merged[r.name].union(r) if r.name in merged else r
+    return list(merged.values())
 
 
 def roofline_cycles(model: Model, target: Target) -> float:
@@ -86,6 +102,10 @@ class Result:
     program: Program
     output: np.ndarray | None = field(repr=False)
     reference: np.ndarray | None = field(repr=False)
+    #: the next cheapest distinct programs (by predicted cycles), each generated, simulated, checked
+    alternatives: list[Result] = field(default_factory=list, repr=False)
+    #: alternatives the extractor found that codegen could not lay out, and why
+    unbuildable: list[str] = field(default_factory=list)
 
     @property
     def listing(self) -> str:
@@ -111,6 +131,22 @@ class Result:
             "dynamic_instructions": self.dynamic_instructions,
             "ops": self.ops,
             "weights": self.weights,
+            **({"alternatives": [a.alternative_dict(self) for a in self.alternatives], "unbuildable": self.unbuildable}
+               if self.alternatives or self.unbuildable else {}),
+        }
+
+    def alternative_dict(self, best: Result) -> dict:
+        """This program as an alternative to the best one: its cycles, and how its op histogram
+        differs (op: count here minus count in the best; zero differences left out)."""
+        ops = set(self.ops) | set(best.ops)
+        return {
+            "predicted_cycles": self.predicted_cycles,
+            "cycles": self.cycles,
+            "efficiency": round(self.efficiency, 4),
+            "max_abs_error": None if math.isnan(self.max_abs_error) else self.max_abs_error,
+            "ops": self.ops,
+            "ops_vs_best": {op: self.ops.get(op, 0) - best.ops.get(op, 0) for op in sorted(ops)
+                            if self.ops.get(op, 0) != best.ops.get(op, 0)},
         }
 
 
@@ -122,13 +158,27 @@ class NoProgramError(ExtractionError):
         self.stats = stats
 
 
-def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tuple[SaturationStats, Extracted, float]:
-    """Saturate a program term with every rule level for the target, extract its cheapest
-    program; returns the saturation figures, the extracted program and the extraction seconds."""
-    sat = Saturator(rules_for([target]))
-    sat.add("root", term)
-    stats = sat.run(budget or Budget())
-    graph = sat.serialize({"root": term}, stats)
+class SharedEGraph:
+    """One e-graph for a program term, saturated once with the common rules. Each target then
+    grows its own programs from it (its tiling and hardware rules, on a copy that is dropped
+    afterwards, so no program mixes two targets' memories) and extracts its cheapest one."""
+
+    def __init__(self, term: Term, budget: Budget | None = None):
+        self.term, self.budget = term, budget or Budget()
+        self.sat = Saturator(common_rules())
+        self.sat.add("root", term)
+        self.stats = self.sat.run(self.budget)
+        self.stats.eclasses = self.sat.serialize({"root": term}, self.stats).stats.eclasses
+
+    def saturate(self, target: Target) -> SaturatedGraph:
+        """The e-graph grown with the target's rules within what is left of the budget."""
+        with self.sat.extended(target_rules(target)):
+            return self.sat.serialize({"root": self.term}, self.sat.run(self.budget, after=self.stats))
+
+def extract(graph: SaturatedGraph, target: Target) -> tuple[Extracted, float]:
+    """The target's cheapest program in a saturated e-graph and the seconds extraction took;
+    NoProgramError (saying whether saturation had finished) when the target can run none."""
+    stats = graph.stats
     t0 = time.perf_counter()
     try:
         best = extract_greedy(graph, graph.roots["root"], target.cost_model())
@@ -138,33 +188,35 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
                                  f"values do not fit in the target's on-chip memories", stats) from None
         raise NoProgramError(f"{exc} on {target.name} before saturation stopped ({stats.stop_reason}); "
                              f"a larger budget may find one", stats) from None
-    return stats, best, time.perf_counter() - t0
+    return best, time.perf_counter() - t0
 
 
-def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target: str | Target = "brainwave",
-             *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
-             functional: bool = True) -> Result:
-    """Compile a layer stack for a target by equality saturation, simulate it, check it. With
-    functional=False there are no values: only timing-only simulation runs (any size), and the
-    errors are NaN."""
-    tgt = target if isinstance(target, Target) else get_target(target, native_dim)
-    specs = [parse_layer(s) if isinstance(s, str) else s for s in layers]
-    model = build_model(specs, tuple(input_shape), seed=seed, values=functional)
-    stats, best, extract_seconds = compile_term(model.term, tgt, budget)
-    program = generate(best.term, tgt)
-    timing = simulate(program, tgt.native_dim, None, functional=False)
+def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tuple[SaturationStats, Extracted, float]:
+    """Saturate a program term with every rule level for the target, extract its cheapest
+    program; returns the saturation figures, the extracted program and the extraction seconds."""
+    graph = SharedEGraph(term, budget).saturate(target)
+    best, seconds = extract(graph, target)
+    return graph.stats, best, seconds
+
+
+def _measure(model: Model, target: Target, best: Extracted, stats: SaturationStats, extract_seconds: float,
+             functional: bool) -> Result:
+    """Generate the extracted program, simulate it (timing-only, and with values when functional:
+    both must give the same cycles) and check its output against the model's reference."""
+    program = generate(best.term, target)
+    timing = simulate(program, target.native_dim, None, functional=False)
     out, abs_err, rel_err = None, math.nan, math.nan
     if functional:
-        run = simulate(program, tgt.native_dim, model.env, functional=True)
+        run = simulate(program, target.native_dim, model.env, functional=True)
         if timing.cycles != run.cycles:
             raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
         out = run.output.reshape(model.output_shape)
         err = np.abs(out.astype(np.float64) - model.reference)
         scale = max(float(np.abs(model.reference).max()), 1e-30)
         abs_err, rel_err = float(err.max()), float(err.max() / scale)
-    roof = roofline_cycles(model, tgt)
+    roof = roofline_cycles(model, target)
     return Result(
-        target=tgt.name, layers=[str(s) for s in specs], input_shape=model.input_shape,
+        target=target.name, layers=[str(s) for s in model.layers], input_shape=model.input_shape,
         output_shape=model.output_shape, cycles=timing.cycles, setup_cycles=timing.setup_cycles,
         predicted_cycles=best.cycles, roofline_cycles=roof, efficiency=roof / timing.cycles,
         max_abs_error=abs_err, max_rel_error=rel_err, egraph=stats,
@@ -172,3 +224,78 @@ def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target
         dynamic_instructions=program.dynamic_count(), ops=program.histogram(),
         weights=weight_residency(best.term, model.weights), term=best.term,
         program=program, output=out, reference=model.reference)
+
+
+def _model(layers: list[str | LayerSpec], input_shape: tuple[int, ...], seed: int, functional: bool) -> Model:
+    specs = [parse_layer(s) if isinstance(s, str) else s for s in layers]
+    return build_model(specs, tuple(input_shape), seed=seed, values=functional)
+
+
+def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, alternatives: int) -> Result:
+    """The target's cheapest program from the shared e-graph, generated, simulated and checked;
+    with alternatives > 1, also the next cheapest distinct programs up to that many in all (the
+    extractor's candidates that codegen cannot lay out are listed with the reason instead)."""
+    graph = shared.saturate(target)
+    best, seconds = extract(graph, target)
+    result = _measure(model, target, best, graph.stats, seconds, functional)
+    if alternatives > 1:
+        for alt in k_cheapest(graph, graph.roots["root"], target.cost_model(), 2 * alternatives)[1:]:
+            if len(result.alternatives) == alternatives - 1:
+                break
+            try:
+                result.alternatives.append(_measure(model, target, alt, graph.stats, 0.0, functional))
+            except CodegenError as exc:
+                result.unbuildable.append(f"predicted {alt.cycles:.0f} cycles: {exc}")
+    return result
+
+
+def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target: str | Target = "brainwave",
+             *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
+             functional: bool = True, alternatives: int = 1) -> Result:
+    """Compile a layer stack for a target by equality saturation, simulate it, check it. With
+    functional=False there are no values: only timing-only simulation runs (any size), and the
+    errors are NaN. alternatives=K also gives the K-1 next cheapest distinct programs."""
+    tgt = target if isinstance(target, Target) else get_target(target, native_dim)
+    model = _model(layers, input_shape, seed, functional)
+    return _run(SharedEGraph(model.term, budget), model, tgt, functional, alternatives)
+
+
+@dataclass
+class Comparison:
+    """One layer stack on several targets from one shared e-graph: a Result per target, or the
+    reason that target has no program."""
+
+    layers: list[str]
+    input_shape: tuple[int, ...]
+    egraph: SaturationStats
+    results: list[Result]
+    failures: dict[str, str]
+
+    def as_dict(self) -> dict:
+        """The JSON-ready summary: the shared e-graph figures, then each target's result."""
+        return {
+            "layers": self.layers,
+            "input_shape": list(self.input_shape),
+            "targets": [r.target for r in self.results] + list(self.failures),
+            "egraph": self.egraph.as_dict(),
+            "results": [r.as_dict() for r in self.results],
+            "failures": self.failures,
+        }
+
+
+def optimize_targets(layers: list[str | LayerSpec], input_shape: tuple[int, ...], targets: list[str | Target],
+                     *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
+                     functional: bool = True, alternatives: int = 1) -> Comparison:
+    """Compile a layer stack for several targets at once: saturate one e-graph with the common
+    rules, then grow, extract, generate and simulate each target's cheapest program from it. A
+    target with no program is reported in `failures` with the reason; the others still run."""
+    tgts = [t if isinstance(t, Target) else get_target(t, native_dim) for t in targets]
+    model = _model(layers, input_shape, seed, functional)
+    shared = SharedEGraph(model.term, budget)
+    results, failures = [], {}
+    for t in tgts:
+        try:
+            results.append(_run(shared, model, t, functional, alternatives))
+        except NoProgramError as exc:
+            failures[t.name] = str(exc)
+    return Comparison([str(s) for s in model.layers], model.input_shape, shared.stats, results, failures)

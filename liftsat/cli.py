@@ -16,9 +16,9 @@ from extraction.greedy import ExtractionError
 from frontend.layers import LayerError, parse_shape
 from hwmodels.codegen import CodegenError
 from hwmodels.simulator import SimulationError
-from liftsat.api import optimize
+from liftsat.api import Comparison, optimize, optimize_targets
 from liftsat.rule_table import rule_rows
-from liftsat.targets import BUILTIN, TargetError, get_target, summary
+from liftsat.targets import BUILTIN, TargetError, get_target, get_targets, summary
 
 USER_ERRORS = (LayerError, TargetError, IRTypeError, ExtractionError, CodegenError, SimulationError, EGraphError)
 
@@ -38,11 +38,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="input shape: BxF (batch x features), e.g. 1x1024; TxBxF (time first) for GRU, LSTM, "
                         "RNN; NxCxHxW for image layers, e.g. 1x3x32x32")
     o.add_argument("--target", default="brainwave",
-                   help="built-in target name, or the path of a .toml target description (default brainwave)")
+                   help="built-in target name, or the path of a .toml target description (default brainwave); "
+                        "'all' or a comma list (systolic,vta) saturates one e-graph and extracts for each")
     o.add_argument("--native-dim", type=int, help="native dimension of the target (brainwave: 128, 64 or 32)")
     o.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
     o.add_argument("--timing-only", action="store_true",
                    help="simulate without data (any size; output not checked against numpy)")
+    o.add_argument("--alternatives", type=_positive, default=1, metavar="K",
+                   help="also generate and simulate the next cheapest distinct programs, K in all (default 1)")
     o.add_argument("--max-nodes", type=int, default=Budget.nodes, help="e-node budget of saturation")
     o.add_argument("--max-iterations", type=int, default=Budget.iterations, help="iteration budget")
     o.add_argument("--max-seconds", type=float, default=Budget.seconds, help="time budget of saturation")
@@ -61,6 +64,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _positive(text: str) -> int:
+    """An integer of at least 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def _alternatives(r) -> list[str]:
+    """The alternatives table: predicted and simulated cycles, and the ops that differ from the best."""
+    if not r.alternatives and not r.unbuildable:
+        return []
+    lines = [f"  alternatives  {'#':>2} {'predicted':>10} {'simulated':>10}  ops vs best",
+             f"                {1:>2} {r.predicted_cycles:>10.0f} {r.cycles:>10}  (best)"]
+    for i, a in enumerate(r.alternatives, 2):
+        diff = a.alternative_dict(r)["ops_vs_best"]
+        lines.append(f"                {i:>2} {a.predicted_cycles:>10.0f} {a.cycles:>10}  "
+                     + (", ".join(f"{op} {n:+d}" for op, n in diff.items()) or "same ops, other order or layout"))
+    lines += [f"  not buildable {why}" for why in r.unbuildable]
+    return lines
+
+
 def _summary(r) -> str:
     e = r.egraph
     stop = "saturated" if e.saturated else f"stopped: {e.stop_reason}; best program found so far"
@@ -75,18 +103,42 @@ def _summary(r) -> str:
         f"  e-graph       {e.enodes} e-nodes, {e.eclasses} e-classes, {e.iterations} iterations, {stop}, "
         f"{e.seconds:.2f} s; extraction {r.extract_seconds:.2f} s",
         f"  program       {r.instructions} instructions, {r.dynamic_instructions} executed: {ops}",
+        *_alternatives(r),
     ])
 
 
+def _comparison(c: Comparison) -> str:
+    """Several targets from one e-graph: a table side by side, then each target's summary."""
+    e = c.egraph
+    head = [f"{' -> '.join(c.layers)}: input {'x'.join(map(str, c.input_shape))}; shared e-graph {e.enodes} e-nodes, "
+            f"{e.eclasses} e-classes, {e.iterations} iterations, {e.seconds:.2f} s; then each target's rules",
+            f"  {'target':<12} {'simulated':>12} {'predicted':>12} {'efficiency':>10} {'e-nodes':>8} {'saturation':>10}"]
+    head += [f"  {r.target:<12} {r.cycles:>12} {r.predicted_cycles:>12.0f} {r.efficiency:>10.3f} {r.egraph.enodes:>8} "
+             f"{r.egraph.seconds:>9.2f}s" for r in c.results]
+    head += [f"  {name:<12} no program: {why}" for name, why in c.failures.items()]
+    return "\n\n".join(["\n".join(head)] + [_summary(r) for r in c.results])
+
+
 def _optimize(args: argparse.Namespace) -> str:
-    """`liftsat optimize`: compile, simulate, report."""
+    """`liftsat optimize`: compile, simulate, report (one target, or several side by side)."""
     shape = parse_shape(args.input)
     budget = Budget(nodes=args.max_nodes, iterations=args.max_iterations, seconds=args.max_seconds)
-    result = optimize(args.layers, shape, args.target, seed=args.seed, native_dim=args.native_dim, budget=budget,
-                      functional=not args.timing_only)
+    targets = get_targets(args.target, args.native_dim)
+    if len(targets) == 1 and args.target != "all":
+        result = optimize(args.layers, shape, targets[0], seed=args.seed, budget=budget,
+                          functional=not args.timing_only, alternatives=args.alternatives)
+        if args.json:
+            return json.dumps(result.as_dict(), indent=2)
+        return result.listing if args.listing else _summary(result)
+    comparison = optimize_targets(args.layers, shape, targets, seed=args.seed, budget=budget,
+                                  functional=not args.timing_only, alternatives=args.alternatives)
+    if not comparison.results:
+        raise ExtractionError("no target has a program: " + "; ".join(comparison.failures.values()))
     if args.json:
-        return json.dumps(result.as_dict(), indent=2)
-    return result.listing if args.listing else _summary(result)
+        return json.dumps(comparison.as_dict(), indent=2)
+    if args.listing:
+        return "\n\n".join(f"; {r.target}\n{r.listing}" for r in comparison.results)
+    return _comparison(comparison)
 
 
 def _size(nbytes: int) -> str:

@@ -23,6 +23,18 @@ def get_target(name_or_path: str, native_dim: int | None = None) -> Target:
     return load_target(BUILTIN[name_or_path], native_dim)
 
 
+def get_targets(spec: str, native_dim: int | None = None) -> list[Target]:
+    """The targets a `--target` value names: `all` (every built-in target), one name or path, or
+    a comma-separated list of them."""
+    names = list(BUILTIN) if spec == "all" else [n.strip() for n in spec.split(",")]
+    if "" in names:
+        raise TargetError(f"empty target name in {spec!r}; give names separated by commas, e.g. systolic,vta")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise TargetError(f"target {repeated[0]!r} is listed twice in {spec!r}")
+    return [get_target(n, native_dim) for n in names]
+
+
 def summary(t: Target) -> dict:
     """A target's key numbers (what `liftsat targets` shows)."""
     return {

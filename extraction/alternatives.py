@@ -1,0 +1,117 @@
+"""The K cheapest distinct programs of a root e-class under a target's cost model.
+
+Every e-class keeps its `width` cheapest candidate terms of distinct cost vectors (terms with the
+same cost differ in re-indexing only, as far as the model can tell): an e-node with one
+candidate chosen for each F/E child. Candidates are combined best-first from the children's
+lists, and an e-node is combined again whenever a child's list changes, until none does.
+Keeping one term per cost vector also keeps out the
+best program wrapped in identities (Comp(Id, f) lives in f's class and costs the same). Ties go
+to the smaller term, then to node ids, so the order is deterministic and the first candidate is
+greedy extraction's program.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from egraph_rules.ir import SCHEMA, Term
+from egraph_rules.saturate import SaturatedGraph
+from extraction.greedy import INF, CostModel, Extracted, GraphView, Item, extract_greedy, items
+
+@dataclass(frozen=True)
+class _Cand:
+    """One candidate term of an e-class: its e-node and one candidate per F/E child (`choice`:
+    their places in the children's lists, so that at equal cost the children's best win, as in
+    greedy extraction)."""
+
+    scalar: float
+    size: int
+    key: int
+    node: str
+    choice: tuple[int, ...]
+    kids: tuple[_Cand, ...]
+    cost: object
+
+    def rank(self) -> tuple:
+        return (self.scalar, self.size, self.node, self.choice)
+
+
+def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width: int | None = None) -> list[Extracted]:
+    """Up to k terms of the root class with distinct cost vectors, cheapest first; the first is
+    greedy extraction's program (width: candidates kept per class, at least k)."""
+    width = max(width or k, k)
+    view = GraphView(graph)
+    work = items(graph, view)
+    users: dict[str, list[int]] = {}
+    for n, it in enumerate(work):
+        for c in set(it.kids):
+            users.setdefault(c, []).append(n)
+    best: dict[str, list[_Cand]] = {}
+    keys: dict[tuple, int] = {}
+    todo = list(range(len(work)))
+    heapq.heapify(todo)
+    queued = set(todo)
+    while todo:
+        n = heapq.heappop(todo)
+        queued.discard(n)
+        it = work[n]
+        if any(c not in best for c in it.kids):
+            continue
+        merged = _cheapest_per_cost(best.get(it.cls, []) + _combine(it, best, model, width, keys))[:width]
+        if [c.key for c in merged] != [c.key for c in best.get(it.cls, [])]:
+            best[it.cls] = merged
+            for u in users.get(it.cls, []):
+                if u not in queued:
+                    queued.add(u)
+                    heapq.heappush(todo, u)
+    head = extract_greedy(graph, root, model)
+    rest = [c for c in best.get(root, []) if c.scalar < INF and tuple(c.cost) != tuple(head.cost)]
+    return [head] + [Extracted(_term(c, graph, view), c.cost, c.scalar) for c in rest[: k - 1]]
+
+
+def _combine(it: Item, best: dict[str, list[_Cand]], model: CostModel, width: int, keys: dict[tuple, int]) -> list[_Cand]:
+    """The node's `width` cheapest candidates: choices of child candidates explored best-first
+    from (0, 0, ...). `keys` numbers distinct
+    terms (an e-node and its children's numbers), so comparing candidates is cheap."""
+    lists = [best[c] for c in it.kids]
+    out: list[_Cand] = []
+    start = (0,) * len(it.kids)
+    heap = [(_estimate(lists, start), start)]
+    seen = {start}
+    while heap and len(out) < width:
+        _, idx = heapq.heappop(heap)
+        chosen = tuple(lst[i] for lst, i in zip(lists, idx))
+        cost = model.node(it.op, it.args, [c.cost for c in chosen])
+        key = keys.setdefault((it.nid,) + tuple(c.key for c in chosen), len(keys))
+        out.append(_Cand(model.scalar(cost), 1 + sum(c.size for c in chosen), key, it.nid, idx, chosen, cost))
+        for j in range(len(idx)):
+            nxt = idx[:j] + (idx[j] + 1,) + idx[j + 1:]
+            if nxt[j] < len(lists[j]) and nxt not in seen:
+                seen.add(nxt)
+                heapq.heappush(heap, (_estimate(lists, nxt), nxt))
+    return out
+
+
+def _cheapest_per_cost(cands: list[_Cand]) -> list[_Cand]:
+    """The candidates in rank order, keeping the first of each cost vector: two terms the model
+    cannot tell apart are one alternative (they differ in re-indexing, not in what runs)."""
+    out: dict[tuple, _Cand] = {}
+    for c in sorted(cands, key=_Cand.rank):
+        out.setdefault(tuple(c.cost), c)
+    return list(out.values())
+
+
+def _estimate(lists: list[list[_Cand]], idx: tuple[int, ...]) -> tuple:
+    """Exploration order of child choices: the sum of their predicted cycles, then sizes, then
+    the index tuple (the cost model is a max over units, so this is an order, not a bound)."""
+    chosen = [lst[i] for lst, i in zip(lists, idx)]
+    return (sum(c.scalar for c in chosen), sum(c.size for c in chosen), idx)
+
+
+def _term(c: _Cand, graph: SaturatedGraph, view: GraphView) -> Term:
+    node = graph.nodes[c.node]
+    kids = iter(c.kids)
+    args = tuple(_term(next(kids), graph, view) if s in ("F", "E") else view.const(a)
+                 for s, a in zip(SCHEMA[node["op"]][1], node["children"]))
+    return Term(node["op"], args)
