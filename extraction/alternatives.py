@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.saturate import SaturatedGraph
-from extraction.greedy import INF, CostModel, Extracted, GraphView, Item, extract_greedy, items
+from extraction.greedy import INF, CostModel, Extracted, GraphView, Item, extract_greedy, fixpoint, items
 
 @dataclass(frozen=True)
 class _Cand:
@@ -42,29 +42,19 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     greedy extraction's program (width: candidates kept per class, at least k)."""
     width = max(width or k, k)
     view = GraphView(graph)
-    work = items(graph, view)
-    users: dict[str, list[int]] = {}
-    for n, it in enumerate(work):
-        for c in set(it.kids):
-            users.setdefault(c, []).append(n)
     best: dict[str, list[_Cand]] = {}
     keys: dict[tuple, int] = {}
-    todo = list(range(len(work)))
-    heapq.heapify(todo)
-    queued = set(todo)
-    while todo:
-        n = heapq.heappop(todo)
-        queued.discard(n)
-        it = work[n]
+
+    def improve(it: Item) -> bool:
         if any(c not in best for c in it.kids):
-            continue
+            return False
         merged = _cheapest_per_cost(best.get(it.cls, []) + _combine(it, best, model, width, keys))[:width]
-        if [c.key for c in merged] != [c.key for c in best.get(it.cls, [])]:
-            best[it.cls] = merged
-            for u in users.get(it.cls, []):
-                if u not in queued:
-                    queued.add(u)
-                    heapq.heappush(todo, u)
+        if [c.key for c in merged] == [c.key for c in best.get(it.cls, [])]:
+            return False
+        best[it.cls] = merged
+        return True
+
+    fixpoint(items(graph, view), improve)
     head = extract_greedy(graph, root, model)
     rest = [c for c in best.get(root, []) if c.scalar < INF and tuple(c.cost) != tuple(head.cost)]
     return [head] + [Extracted(_term(c, graph, view), c.cost, c.scalar) for c in rest[: k - 1]]

@@ -7,7 +7,9 @@ ties go to the smaller term, then to the node id, so extraction is deterministic
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -94,22 +96,42 @@ def items(graph: SaturatedGraph, view: GraphView) -> list[Item]:
     return out
 
 
+def fixpoint(work: list[Item], improve: Callable[[Item], bool]) -> None:
+    """Visit every e-node, and again each time one of its child classes improves, until none
+    does; `improve` updates the node's class from it and says whether the class changed. Nodes
+    are visited in list order whenever several wait, so the result does not depend on timing."""
+    users: dict[str, list[int]] = {}
+    for n, it in enumerate(work):
+        for c in set(it.kids):
+            users.setdefault(c, []).append(n)
+    todo = list(range(len(work)))
+    queued = set(todo)
+    while todo:
+        n = heapq.heappop(todo)
+        queued.discard(n)
+        if improve(work[n]):
+            for u in users.get(work[n].cls, []):
+                if u not in queued:
+                    queued.add(u)
+                    heapq.heappush(todo, u)
+
+
 def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
     """Cheapest term for root (a class id) under the cost model."""
     view = GraphView(graph)
-    work = [(i.nid, i.op, i.args, i.kids, i.cls) for i in items(graph, view)]
     best: dict[str, tuple[float, int, str, Any]] = {}
-    changed = True
-    while changed:
-        changed = False
-        for nid, op, args, kids, cls in work:
-            if any(k not in best for k in kids):
-                continue
-            cost = model.node(op, args, [best[k][3] for k in kids])
-            cand = (model.scalar(cost), 1 + sum(best[k][1] for k in kids), nid, cost)
-            if cls not in best or cand[:3] < best[cls][:3]:
-                best[cls] = cand
-                changed = True
+
+    def improve(it: Item) -> bool:
+        if any(k not in best for k in it.kids):
+            return False
+        cost = model.node(it.op, it.args, [best[k][3] for k in it.kids])
+        cand = (model.scalar(cost), 1 + sum(best[k][1] for k in it.kids), it.nid, cost)
+        if it.cls in best and cand[:3] >= best[it.cls][:3]:
+            return False
+        best[it.cls] = cand
+        return True
+
+    fixpoint(items(graph, view), improve)
     if root not in best or best[root][0] == INF:
         raise ExtractionError("no program the target can run was found for this layer")
     return Extracted(_build(root, best, graph, view), best[root][3], best[root][0])
