@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, fout, lifted, shape_of, ta, tp, ty
+from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, tp, ty
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,14 @@ def to_chw(t: Term) -> Term:
     """[H][W][C] -> [C][H][W]."""
     first = lifted(t, 1, lambda e: T("Transpose", e))
     return T("Comp", T("Transpose", fout(first)), first)
+
+
+def chw_to_hwc(t: Term, c: int, h: int, w: int) -> Term:
+    """[C*H*W] in channel-major order (PyTorch's Flatten of NCHW) -> [H*W*C], pixel-major."""
+    rows = T("Split", h * w, t)
+    planes = T("Map", T("Split", w, fout(rows).args[0]), c)
+    hwc = to_hwc(fout(planes))
+    return comp(flatten_window(fout(hwc)), hwc, planes, rows)
 
 
 def conv_weight(w: Term) -> Term:
