@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts, ty
-from frontend.spatial import (Stages, Window, chw_to_hwc, conv, conv_reference, depthwise_conv, elementwise, pool,
+from frontend.spatial import (Stages, Window, block_diagonal, chw_to_hwc, conv, conv_reference, depthwise_conv, elementwise, pool,
                               pool_reference, to_chw, to_hwc)
 
 
@@ -455,10 +455,8 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
         if c % groups or p["out_channels"] % groups:
             raise LayerError(f"{where}: in_channels {c} and out_channels {p['out_channels']} must both be "
                              f"divisible by groups {groups}")
-        if groups not in (1, c) or (groups == c > 1 and p["out_channels"] != c):
-            raise LayerError(f"{where}: groups={groups} is not supported; liftsat runs groups=1 and depthwise "
-                             f"convolutions (groups = in_channels = out_channels)")
-    if computed and (win.padding != (0, 0) or (spec.name == "Conv2d" and groups == 1 and win.kernel != (1, 1))):
+    depthwise = spec.name == "Conv2d" and groups == c == p["out_channels"] > 1
+    if computed and (win.padding != (0, 0) or (spec.name == "Conv2d" and not depthwise and win.kernel != (1, 1))):
         raise LayerError(f"{where}: after another layer, only unpadded pooling, depthwise and 1x1 convolutions "
                          f"are supported (the host lays out padding and im2col matrices of the stack's input; "
                          f"codegen has no on-chip im2col yet)")
@@ -481,7 +479,10 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
     fan_in = c // groups * kh * kw
     wt = b.weight(f"W{key}", (o, c // groups, kh, kw), 1 / math.sqrt(fan_in))
     bt = b.weight(f"b{key}", (o,), 1 / math.sqrt(fan_in)) if p["bias"] else None
-    (depthwise_conv if groups > 1 else conv)(s, win, wt, bt)
+    if depthwise:
+        depthwise_conv(s, win, wt, bt)
+    else:
+        conv(s, win, block_diagonal(wt, groups) if groups > 1 else wt, bt)
     b.macs += b.batch * o * oh * ow * fan_in
     if ref is None:
         return None

@@ -107,8 +107,26 @@ def conv_weight(w: Term) -> Term:
     return T("App", T("Map", per, ty(w).args[1]), w)
 
 
+def block_diagonal(w: Term, groups: int) -> Term:
+    """Grouped OIHW weights [O][C/G][kh][kw] -> the dense [O][C][kh][kw] whose group g's filters
+    see only group g's channels (zeros elsewhere), so a grouped convolution is a dense one, one
+    GEMM. The diagonal comes from layout alone: each group's block padded by G zero blocks,
+    joined, cut to G*G blocks and split into rows of G puts block g at row g, column g."""
+    g = groups
+    blocks = T("Split", ty(w).args[1] // g, ty(w))  # [G][og][cg][kh][kw]
+    one = T("Split", 1, fout(blocks))  # [G][1][og][cg][kh][kw]
+    padded = T("Map", T("Pad", 0, g, fout(one).args[0]), g)  # [G][G+1][og][cg][kh][kw]
+    joined = T("Join", fout(padded))
+    cut = T("Slice", 0, g * g, fout(joined))
+    square = T("Split", g, fout(cut))  # [G][G][og][cg][kh][kw]
+    rows = lifted(fout(square), 1, lambda e: T("Transpose", e))  # [G][og][G][cg][kh][kw]
+    chans = lifted(fout(rows), 2, lambda e: T("Join", e))  # [G][og][C][kh][kw]
+    dense = comp(T("Join", fout(chans)), chans, rows, square, cut, joined, padded, one, blocks)
+    return T("App", dense, w)
+
+
 def conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
-    """Dense convolution (groups=1): a Linear layer on every flattened window, pixels as rows."""
+    """Dense convolution: a Linear layer on every flattened window, pixels as rows."""
     windows(s, win)
     oh, ow = shape_of(s.t)[:2]
     s.then(T("Join", s.t))
