@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts, ty
-from frontend.spatial import (Stages, Window, block_diagonal, chw_to_hwc, conv, conv_reference, depthwise_conv, elementwise, pool,
+from frontend.spatial import (Stages, Window, add_images, block_diagonal, chw_to_hwc, conv, conv_reference, depthwise_conv, elementwise, pool,
                               pool_reference, to_chw, to_hwc)
 
 
@@ -437,9 +437,9 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
         for flag, ok in (("return_indices", False), ("ceil_mode", False)):
             if p[flag] != ok:
                 raise LayerError(f"{where}: {flag}={p[flag]!r} is not supported")
-        if win.padding != (0, 0):
-            raise LayerError(f"{where}: padding {win.padding} is not supported (PyTorch pads max pooling "
-                             f"with -inf; liftsat pads with zeros)")
+        if any(2 * pad > k for pad, k in zip(win.padding, win.kernel)):
+            raise LayerError(f"{where}: padding {win.padding[0]}x{win.padding[1]} is more than half the kernel "
+                             f"{win.kernel[0]}x{win.kernel[1]} (PyTorch's limit for max pooling)")
     if spec.name == "AvgPool2d":
         if p["ceil_mode"] or p["divisor_override"] is not None or not p["count_include_pad"]:
             raise LayerError(f"{where}: only ceil_mode=False, count_include_pad=True and no divisor_override "
@@ -472,7 +472,8 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
             scale = T("Var", f"scale{key}", ta(b.s, c))
             if b.rng is not None:
                 b.env[f"scale{key}"] = np.full(c, 1 / (win.kernel[0] * win.kernel[1]), np.float32)
-        pool(s, win, kind, scale)
+        fill = _lowest_border(b, key, s.t, win) if kind == "max" and win.padding != (0, 0) else None
+        pool(s, win, kind, scale, fill)
         return pool_reference(ref, win, kind) if ref is not None else None
     o, (kh, kw) = p["out_channels"], win.kernel
     _check_size(f"{where}: the im2col matrix", oh * ow, kh * kw * c)
@@ -487,6 +488,20 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
     if ref is None:
         return None
     return conv_reference(ref, b.env[f"W{key}"], b.env.get(f"b{key}"), win, groups)
+
+
+def _lowest_border(b: _Builder, key: str, t: Term, win: Window) -> Term:
+    """The image, padded like the input of max pooling, that is zero inside and the lowest finite
+    float in the padding: added to the zero-padded input it pads with that value instead, which
+    max pooling never picks over the window's real values (PyTorch pads with -inf; a finite value
+    keeps masked lanes free of inf * 0)."""
+    (h, w, c), (ph, pw) = shape_of(t), win.padding
+    shape = (h + 2 * ph, w + 2 * pw, c)
+    if b.rng is not None:
+        border = np.full(shape, np.finfo(np.float32).min, np.float32)
+        border[ph : ph + h, pw : pw + w] = 0
+        b.env[f"low{key}"] = border
+    return T("Var", f"low{key}", tensor_type(b.dtype, shape))
 
 
 def _image_residual(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndarray | None,
@@ -507,11 +522,7 @@ def _image_residual(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.n
         val = _image_layer(b, branch, f"{key}.{j}", sub, val, computed or j > 0)
         shapes.append(shape(branch.t))
     _changed_by(where, spec.args, shapes)
-    h, w, c = shape_of(t)
-    vec, row = ta(b.s, c), ta(ta(b.s, c), w)
-    f = comp(*reversed(branch.parts))
-    add = T("Map", T("Comp", T("Map", T("VVAdd", tp(vec, vec)), w), T("Zip", tp(row, row))), h)
-    s.then(comp(add, T("Zip", tp(t, t)), T("Fork", T("Id", t), f)))
+    s.then(T("Comp", add_images(t), T("Fork", T("Id", t), comp(*reversed(branch.parts)))))
     return None if ref is None else ref + val
 
 

@@ -52,14 +52,25 @@ class Stages:
         return self
 
 
-def windows(s: Stages, win: Window) -> Stages:
-    """[H][W][C] -> [OH][OW][kh][kw][C]: zero padding, then a Slide over rows and one over
-    columns; a dilated window keeps every d-th element of its span (Slide 1 d, then Join)."""
+def add_images(t: Term) -> Term:
+    """A pair of [H][W][C] images -> their sum, pixel by pixel (channel vectors added)."""
+    h, w, c = shape_of(t)
+    vec, row = t.args[0].args[0], t.args[0]
+    per_row = T("Comp", T("Map", T("VVAdd", tp(vec, vec)), w), T("Zip", tp(row, row)))
+    return T("Comp", T("Map", per_row, h), T("Zip", tp(t, t)))
+
+
+def windows(s: Stages, win: Window, fill: Term | None = None) -> Stages:
+    """[H][W][C] -> [OH][OW][kh][kw][C]: zero padding (plus `fill`, a padded-size image that is
+    zero inside, to pad with another value), then a Slide over rows and one over columns; a
+    dilated window keeps every d-th element of its span (Slide 1 d, then Join)."""
     ph, pw = win.padding
     if ph:
         s.then(T("Pad", ph, ph, s.t))
     if pw:
         s.then(lifted(s.t, 1, lambda e: T("Pad", pw, pw, e)))
+    if fill is not None:
+        s.then(T("Comp", add_images(s.t), T("Fork", T("Id", s.t), T("Const", fill, s.t))))
     dilate = [None, None]
     for axis in (0, 1):
         d = win.dilation[axis]
@@ -157,10 +168,11 @@ def depthwise_conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
     return s.then(lifted(s.t, 2, lambda e: per))
 
 
-def pool(s: Stages, win: Window, kind: str, scale: Term | None) -> Stages:
+def pool(s: Stages, win: Window, kind: str, scale: Term | None, fill: Term | None = None) -> Stages:
     """Max or average pooling: each window's [C] vectors reduced with VVMax or VVAdd (rows of the
-    window first, then the row results); the average multiplies the sum by `scale` (1/taps)."""
-    windows(s, win)
+    window first, then the row results); the average multiplies the sum by `scale` (1/taps);
+    `fill` pads with another value than zero (see windows)."""
+    windows(s, win, fill)
     win_t = s.t.args[0].args[0]
     kh, kw, _ = shape_of(win_t)
     vec = win_t.args[0].args[0]
@@ -179,10 +191,10 @@ def elementwise(s: Stages, op: str) -> Stages:
 # ---------------------------------------------------------------- references (NCHW, float64)
 
 
-def _taps(x: np.ndarray, win: Window, oh: int, ow: int):
+def _taps(x: np.ndarray, win: Window, oh: int, ow: int, pad_value: float = 0.0):
     """(i, j, x values under tap (i, j) for every output pixel: [N][C][OH][OW])."""
     (ph, pw), (sh, sw), (dh, dw) = win.padding, win.stride, win.dilation
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value)
     for i in range(win.kernel[0]):
         for j in range(win.kernel[1]):
             yield i, j, xp[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
@@ -206,9 +218,9 @@ def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Wind
 
 
 def pool_reference(x: np.ndarray, win: Window, kind: str) -> np.ndarray:
-    """PyTorch's MaxPool2d (no padding) / AvgPool2d (zero padding counted in the divisor)."""
+    """PyTorch's MaxPool2d (padded with -inf) / AvgPool2d (zero padding counted in the divisor)."""
     oh, ow = win.out_size(x.shape[2], 0), win.out_size(x.shape[3], 1)
-    patches = [p for _, _, p in _taps(x.astype(np.float64), win, oh, ow)]
+    patches = [p for _, _, p in _taps(x.astype(np.float64), win, oh, ow, -np.inf if kind == "max" else 0.0)]
     if kind == "max":
         return np.max(patches, axis=0)
     return np.sum(patches, axis=0) / len(patches)
