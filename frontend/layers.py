@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts, ty
-from frontend.spatial import (Stages, Window, add_images, block_diagonal, chw_to_hwc, conv, conv_reference, depthwise_conv, elementwise, pool,
-                              pool_reference, to_chw, to_hwc)
+from frontend.spatial import (Stages, Window, add_images, block_diagonal, chw_to_hwc, conv, conv_reference,
+                              depthwise_conv, elementwise, pool, pool_reference, to_chw, to_hwc)
 
 
 class LayerError(ValueError):
@@ -32,7 +32,8 @@ class LayerSpec:
     kwargs: tuple[tuple[str, object], ...]
 
     def __str__(self) -> str:
-        parts = [str(a) if isinstance(a, LayerSpec) else repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
+        parts = [str(a) if isinstance(a, LayerSpec) else repr(a) for a in self.args]
+        parts += [f"{k}={v!r}" for k, v in self.kwargs]
         return f"{self.name}({', '.join(parts)})"
 
 
@@ -526,11 +527,11 @@ def _image_residual(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.n
     return None if ref is None else ref + val
 
 
-def _flatten(b: _Builder, s: Stages, i: int, spec: LayerSpec, rest: list[LayerSpec]) -> tuple[int, int, int]:
+def _flatten(b: _Builder, s: Stages, i: int, spec: LayerSpec, rest: list[LayerSpec]) -> None:
     """Flatten(1, -1) of an image: when a Linear follows (after activations, which act on every
     element alike), its features are the image's [H][W][C] joined and that Linear reorders its
     weight's columns (b.chw); when none does, the image stays and the host reshapes the NCHW
-    output it reads back. Returns the image's (C, H, W)."""
+    output it reads back."""
     where = _where(str(i), spec)
     p = bind(spec)
     if p["start_dim"] not in (1, -3) or p["end_dim"] not in (3, -1):
@@ -545,7 +546,6 @@ def _flatten(b: _Builder, s: Stages, i: int, spec: LayerSpec, rest: list[LayerSp
         s.then(T("Join", s.t))
         s.then(T("Join", s.t))
         b.width, b.chw = c * h * w, (c, h, w)
-    return c, h, w
 
 
 def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
@@ -565,14 +565,15 @@ def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], see
     s.then(to_hwc(img))
     x = rng.standard_normal(input_shape).astype(np.float32) if rng is not None else None
     ref = x.astype(np.float64) if x is not None else None
-    flat = None  # the image's (C, H, W) once a Flatten has run
+    flat = False  # whether a Flatten has run
     for i, spec in enumerate(layers):
         if len(shape_of(s.t)) == 1:  # flattened: layers over features
             if spec.name in CELLS:
                 raise LayerError(f"{_where(str(i), spec)}: a recurrent cell after Flatten is not supported")
             ref = _feature_layer(b, str(i), spec, ref)
         elif spec.name == "Flatten":
-            flat = _flatten(b, s, i, spec, layers[i + 1 :])
+            _flatten(b, s, i, spec, layers[i + 1 :])
+            flat = True
             ref = None if ref is None else ref.reshape(n, -1)
         else:
             ref = _image_layer(b, s, str(i), spec, ref, i > 0)
@@ -585,7 +586,7 @@ def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], see
     else:  # an image, read back as NCHW (flattened, when a Flatten ends the stack)
         oh, ow, oc = shape_of(s.t)
         _check_size("the output", n, oc, oh, ow)
-        out_shape = (n, oc, oh, ow) if flat is None else (n, oc * oh * ow)
+        out_shape = (n, oc * oh * ow) if flat else (n, oc, oh, ow)
         back = [to_chw(s.t) if n == 1 else T("Map", to_chw(s.t), n)]
     if n == 1:
         program = comp(*back, T("ToOutput", s.t), body)
