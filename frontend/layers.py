@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, comp, fout, shape_of, ta, tensor_type, tp, ts, ty
-from frontend.spatial import (Stages, Window, conv, conv_reference, depthwise_conv, elementwise, pool,
-                              pool_reference, to_chw, to_hwc)
+from frontend.spatial import (Stages, Window, add_images, block_diagonal, chw_to_hwc, conv, conv_reference,
+                              depthwise_conv, elementwise, pool, pool_reference, to_chw, to_hwc)
 
 
 class LayerError(ValueError):
@@ -32,7 +32,8 @@ class LayerSpec:
     kwargs: tuple[tuple[str, object], ...]
 
     def __str__(self) -> str:
-        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
+        parts = [str(a) if isinstance(a, LayerSpec) else repr(a) for a in self.args]
+        parts += [f"{k}={v!r}" for k, v in self.kwargs]
         return f"{self.name}({', '.join(parts)})"
 
 
@@ -56,6 +57,9 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "LSTM": (("input_size", "hidden_size"), {"num_layers": 1, "bias": True, "batch_first": False}),
     "RNN": (("input_size", "hidden_size"), {"num_layers": 1, "nonlinearity": "tanh", "bias": True,
                                             "batch_first": False}),
+    "Flatten": ((), {"start_dim": 1, "end_dim": -1}),
+    # y = x + f(x), f the layers given (calls, not literals; parse_layer reads them)
+    "Residual": ((), {}),
 }
 #: layers over images (N x C x H x W inputs); activations work on both kinds of input
 SPATIAL = {"Conv2d", "MaxPool2d", "AvgPool2d"}
@@ -66,21 +70,37 @@ SEQUENCES = {"GRU": "GRUCell", "LSTM": "LSTMCell", "RNN": "RNNCell"}
 CHOICES: dict[str, tuple[str, ...]] = {"nonlinearity": tuple(RNN_NONLINEARITIES), "padding_mode": ("zeros",)}
 #: window sizes of image layers: an int or a pair (rows, columns), checked by _window
 WINDOW = {"kernel_size", "stride", "padding", "dilation"}
+#: dimension indices (negative ones count from the end), checked by the layer that takes them
+DIMS = {"start_dim", "end_dim"}
 ACTIVATIONS = {"ReLU": ("VVRelu", lambda x: np.maximum(x, 0)), "Tanh": ("VVTanh", np.tanh),
                "Sigmoid": ("VVSigm", lambda x: 1 / (1 + np.exp(-x)))}
 
 
 def parse_layer(text: str) -> LayerSpec:
-    """Parse one constructor call such as `Linear(1024, 1000)`; literals only."""
+    """Parse one constructor call such as `Linear(1024, 1000)`; literals only, except the layers
+    a Residual wraps, which are calls themselves: `Residual(Linear(64, 64), ReLU())`."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError:
         raise LayerError(f"cannot parse layer {text!r}: expected a call such as Linear(1024, 1000)") from None
+    return _call(node, text)
+
+
+def _call(node: ast.expr, text: str) -> LayerSpec:
+    """The layer of one call node of `text`."""
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise LayerError(f"layer {text!r} is not a constructor call such as Linear(1024, 1000)")
     name = node.func.id
     if name not in SIGNATURES:
         raise LayerError(f"unknown layer {name!r}; known layers: {', '.join(SIGNATURES)}")
+    if name == "Residual":
+        if node.keywords or not node.args:
+            raise LayerError(f"Residual takes the layers of its branch, e.g. Residual(Linear(64, 64), ReLU()), "
+                             f"got {text!r}")
+        for a in node.args:
+            if not isinstance(a, ast.Call):
+                raise LayerError(f"Residual: its arguments must be layer calls such as ReLU(), got {ast.unparse(a)!r}")
+        return LayerSpec(name, tuple(_call(a, text) for a in node.args), ())
     try:
         args = tuple(ast.literal_eval(a) for a in node.args)
         kwargs = tuple((k.arg, ast.literal_eval(k.value)) for k in node.keywords)
@@ -92,7 +112,10 @@ def parse_layer(text: str) -> LayerSpec:
 
 
 def bind(spec: LayerSpec) -> dict[str, object]:
-    """The layer's parameters by name, checked against its PyTorch signature."""
+    """The layer's parameters by name, checked against its PyTorch signature (a Residual's are
+    its branch's layers)."""
+    if spec.name == "Residual":
+        return {"layers": spec.args}
     positional, defaults = SIGNATURES[spec.name]
     if len(spec.args) > len(positional) + len(defaults):
         raise LayerError(f"{spec.name} takes {len(positional)} positional arguments "
@@ -118,6 +141,10 @@ def bind(spec: LayerSpec) -> dict[str, object]:
             raise LayerError(f"{spec.name}: {p} must be a positive integer, got {v!r}")
     for k, d in defaults.items():
         if k in WINDOW:
+            continue
+        if k in DIMS:
+            if not isinstance(params[k], int) or isinstance(params[k], bool):
+                raise LayerError(f"{spec.name}: {k} must be an integer, got {params[k]!r}")
             continue
         if isinstance(d, bool) and not isinstance(params[k], bool):
             raise LayerError(f"{spec.name}: {k} must be True or False, got {params[k]!r}")
@@ -204,6 +231,7 @@ class _Builder:
         self.stages: list[Term] = []
         self.macs = self.wbytes = 0
         self.state: tuple[str, Term, object] | None = None  # (kind, per-row state type, value)
+        self.chw: tuple[int, int, int] | None = None  # (C, H, W) of a flattened image a Linear has not yet read
 
     def weight(self, name: str, shape: tuple[int, ...], bound: float) -> Term:
         if self.rng is not None:
@@ -212,18 +240,24 @@ class _Builder:
         self.wbytes += math.prod(shape) * 4
         return T("Var", name, tensor_type(self.dtype, shape))
 
-    def linear(self, i: int, spec: LayerSpec, p: dict, ref: np.ndarray) -> np.ndarray:
+    def linear(self, key: str, where: str, p: dict, ref: np.ndarray | None) -> np.ndarray | None:
+        """A Linear layer on the current features; after the Flatten of an image, whose features
+        are in pixel-major (HWC) order, the weight's columns, given in PyTorch's channel-major
+        (CHW) order, are reordered to match by the host when it lays the weight out."""
         out, width = p["out_features"], self.width
-        _check_size(f"layer {i + 1} {spec}: the weight", out, width)
-        _check_size(f"layer {i + 1} {spec}: the output", self.batch, out)
+        _check_size(f"{where}: the weight", out, width)
+        _check_size(f"{where}: the output", self.batch, out)
         bound = 1 / math.sqrt(width)
-        wv = self.weight(f"W{i}", (out, width), bound)
+        wv = self.weight(f"W{key}", (out, width), bound)
         if ref is not None:
-            ref = ref @ self.env[f"W{i}"].T.astype(np.float64)
+            ref = ref @ self.env[f"W{key}"].T.astype(np.float64)
+        if self.chw is not None:
+            wv = T("App", T("Map", chw_to_hwc(ty(wv).args[0], *self.chw), out), wv)
+            self.chw = None
         if p["bias"]:
-            bv = self.weight(f"b{i}", (out,), bound)
+            bv = self.weight(f"b{key}", (out,), bound)
             if ref is not None:
-                ref = ref + self.env[f"b{i}"]
+                ref = ref + self.env[f"b{key}"]
             self.stages.append(T("Linear", wv, bv, ta(self.s, width)))
         else:
             self.stages.append(T("LinearNB", wv, ta(self.s, width)))
@@ -274,6 +308,68 @@ class _Builder:
         return _cell_reference(spec.name, ref, value, *self.cell_weights(i), p.get("nonlinearity", "tanh"))
 
 
+def _where(key: str, spec: LayerSpec) -> str:
+    """How errors name a layer: its position (a branch layer's as 2.1) and its call."""
+    return f"layer {'.'.join(str(int(k) + 1) for k in key.split('.'))} {spec}"
+
+
+def _nested(layers: list[LayerSpec]):
+    """Every layer of a stack, those inside a Residual's branch included."""
+    for spec in layers:
+        yield spec
+        if spec.name == "Residual":
+            yield from _nested(list(spec.args))
+
+
+def _changed_by(where: str, branch: tuple, shapes: list[str]) -> None:
+    """Raise unless a residual branch ends with the shape of its input (shapes: the input's,
+    then after each branch layer), naming the last branch layer that changed it."""
+    if shapes[-1] != shapes[0]:
+        last = max(j for j in range(len(branch)) if shapes[j + 1] != shapes[j])
+        raise LayerError(f"{where}: the branch must keep the shape of its input, {shapes[0]}, but "
+                         f"{branch[last]} makes it {shapes[-1]}")
+
+
+def _feature_layer(b: _Builder, key: str, spec: LayerSpec, ref: object) -> object:
+    """Add one layer over feature vectors (one row of the batch) to the stages; returns the
+    reference after it."""
+    where = _where(key, spec)
+    p = bind(spec)
+    expects = p.get("in_features", p.get("input_size"))
+    if expects is not None and expects != b.width:
+        raise LayerError(f"{where}: expects {expects} input features, but receives {b.width}")
+    if b.state is not None and b.state[0] == "LSTMCell":
+        raise LayerError(f"{where}: LSTMCell returns (h, c) and must be the last layer")
+    inside = "." in key
+    if spec.name == "Linear":
+        return b.linear(key, where, p, ref)
+    if spec.name == "Flatten":
+        if p["start_dim"] not in (1, -1) or p["end_dim"] not in (1, -1):
+            raise LayerError(f"{where}: a BxF input has dimensions 0 and 1; only start_dim=1, end_dim=-1 "
+                             f"(which leaves it as it is) is supported")
+        return ref
+    if spec.name == "Residual":
+        if b.chw is not None:
+            raise LayerError(f"{where}: a Residual right after Flatten is not supported; put a Linear between them")
+        t, outer = ta(b.s, b.width), b.stages
+        b.stages, shapes, branch = [], [f"{b.width} features"], ref
+        for j, sub in enumerate(spec.args):
+            branch = _feature_layer(b, f"{key}.{j}", sub, branch)
+            shapes.append(f"{b.width} features")
+        _changed_by(where, spec.args, shapes)
+        f = comp(*reversed(b.stages)) if b.stages else T("Id", t)
+        b.stages = outer
+        b.stages.append(T("Comp", T("VVAdd", tp(t, t)), T("Fork", T("Id", t), f)))
+        return None if ref is None else ref + branch
+    if spec.name in CELLS and not inside:
+        return b.cell(int(key), spec, p, ref)
+    if spec.name not in ACTIVATIONS:
+        raise LayerError(f"{where}: a {spec.name} layer cannot be inside a Residual")
+    op, fn = ACTIVATIONS[spec.name]
+    b.stages.append(T(op, ta(b.s, b.width)))
+    return fn(ref) if ref is not None else None
+
+
 def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generator | None, dtype: str) -> Model:
     """C = op(A) . op(B) (DeepBench's convention): A is the input, stored K x M when a_t; B is a
     weight, stored N x K when b_t."""
@@ -321,11 +417,15 @@ def _window(where: str, p: dict) -> Window:
     return Window(sizes["kernel_size"], sizes["stride"], sizes["padding"], sizes["dilation"])
 
 
-def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarray | None) -> np.ndarray | None:
-    """Add one layer over HWC images to the stages; returns the reference after it."""
-    where = f"layer {i + 1} {spec}"
+def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndarray | None,
+                 computed: bool) -> np.ndarray | None:
+    """Add one layer over HWC images to the stages; returns the reference after it. `computed`:
+    the layer's input is computed on chip (not the stack's input, which the host lays out)."""
+    where = _where(key, spec)
     p = bind(spec)
     h, w, c = shape_of(s.t)
+    if spec.name == "Residual":
+        return _image_residual(b, s, key, spec, ref, computed)
     if spec.name in ACTIVATIONS:
         op, fn = ACTIVATIONS[spec.name]
         elementwise(s, op)
@@ -338,9 +438,9 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
         for flag, ok in (("return_indices", False), ("ceil_mode", False)):
             if p[flag] != ok:
                 raise LayerError(f"{where}: {flag}={p[flag]!r} is not supported")
-        if win.padding != (0, 0):
-            raise LayerError(f"{where}: padding {win.padding} is not supported (PyTorch pads max pooling "
-                             f"with -inf; liftsat pads with zeros)")
+        if any(2 * pad > k for pad, k in zip(win.padding, win.kernel)):
+            raise LayerError(f"{where}: padding {win.padding[0]}x{win.padding[1]} is more than half the kernel "
+                             f"{win.kernel[0]}x{win.kernel[1]} (PyTorch's limit for max pooling)")
     if spec.name == "AvgPool2d":
         if p["ceil_mode"] or p["divisor_override"] is not None or not p["count_include_pad"]:
             raise LayerError(f"{where}: only ceil_mode=False, count_include_pad=True and no divisor_override "
@@ -356,10 +456,8 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
         if c % groups or p["out_channels"] % groups:
             raise LayerError(f"{where}: in_channels {c} and out_channels {p['out_channels']} must both be "
                              f"divisible by groups {groups}")
-        if groups not in (1, c) or (groups == c > 1 and p["out_channels"] != c):
-            raise LayerError(f"{where}: groups={groups} is not supported; liftsat runs groups=1 and depthwise "
-                             f"convolutions (groups = in_channels = out_channels)")
-    if i > 0 and (win.padding != (0, 0) or (spec.name == "Conv2d" and groups == 1 and win.kernel != (1, 1))):
+    depthwise = spec.name == "Conv2d" and groups == c == p["out_channels"] > 1
+    if computed and (win.padding != (0, 0) or (spec.name == "Conv2d" and not depthwise and win.kernel != (1, 1))):
         raise LayerError(f"{where}: after another layer, only unpadded pooling, depthwise and 1x1 convolutions "
                          f"are supported (the host lays out padding and im2col matrices of the stack's input; "
                          f"codegen has no on-chip im2col yet)")
@@ -372,28 +470,90 @@ def _image_layer(b: _Builder, s: Stages, i: int, spec: LayerSpec, ref: np.ndarra
         kind = "max" if spec.name == "MaxPool2d" else "avg"
         scale = None
         if kind == "avg":
-            scale = T("Var", f"scale{i}", ta(b.s, c))
+            scale = T("Var", f"scale{key}", ta(b.s, c))
             if b.rng is not None:
-                b.env[f"scale{i}"] = np.full(c, 1 / (win.kernel[0] * win.kernel[1]), np.float32)
-        pool(s, win, kind, scale)
+                b.env[f"scale{key}"] = np.full(c, 1 / (win.kernel[0] * win.kernel[1]), np.float32)
+        fill = _lowest_border(b, key, s.t, win) if kind == "max" and win.padding != (0, 0) else None
+        pool(s, win, kind, scale, fill)
         return pool_reference(ref, win, kind) if ref is not None else None
     o, (kh, kw) = p["out_channels"], win.kernel
     _check_size(f"{where}: the im2col matrix", oh * ow, kh * kw * c)
     fan_in = c // groups * kh * kw
-    wt = b.weight(f"W{i}", (o, c // groups, kh, kw), 1 / math.sqrt(fan_in))
-    bt = b.weight(f"b{i}", (o,), 1 / math.sqrt(fan_in)) if p["bias"] else None
-    (depthwise_conv if groups > 1 else conv)(s, win, wt, bt)
+    wt = b.weight(f"W{key}", (o, c // groups, kh, kw), 1 / math.sqrt(fan_in))
+    bt = b.weight(f"b{key}", (o,), 1 / math.sqrt(fan_in)) if p["bias"] else None
+    if depthwise:
+        depthwise_conv(s, win, wt, bt)
+    else:
+        conv(s, win, block_diagonal(wt, groups) if groups > 1 else wt, bt)
     b.macs += b.batch * o * oh * ow * fan_in
     if ref is None:
         return None
-    return conv_reference(ref, b.env[f"W{i}"], b.env.get(f"b{i}"), win, groups)
+    return conv_reference(ref, b.env[f"W{key}"], b.env.get(f"b{key}"), win, groups)
+
+
+def _lowest_border(b: _Builder, key: str, t: Term, win: Window) -> Term:
+    """The image, padded like the input of max pooling, that is zero inside and the lowest finite
+    float in the padding: added to the zero-padded input it pads with that value instead, which
+    max pooling never picks over the window's real values (PyTorch pads with -inf; a finite value
+    keeps masked lanes free of inf * 0)."""
+    (h, w, c), (ph, pw) = shape_of(t), win.padding
+    shape = (h + 2 * ph, w + 2 * pw, c)
+    if b.rng is not None:
+        border = np.full(shape, np.finfo(np.float32).min, np.float32)
+        border[ph : ph + h, pw : pw + w] = 0
+        b.env[f"low{key}"] = border
+    return T("Var", f"low{key}", tensor_type(b.dtype, shape))
+
+
+def _image_residual(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndarray | None,
+                    computed: bool) -> np.ndarray | None:
+    """y = x + f(x) on an image: the branch f built on its own stages from the same input, then
+    the two images added pixel by pixel (their channel vectors)."""
+    where, t = _where(key, spec), s.t
+
+    def shape(u: Term) -> str:
+        h, w, c = shape_of(u)
+        return f"{c}x{h}x{w} (channels x rows x columns)"
+
+    branch, shapes, val = Stages(t), [shape(t)], ref
+    for j, sub in enumerate(spec.args):
+        if sub.name == "Flatten":
+            raise LayerError(f"{_where(f'{key}.{j}', sub)}: a Flatten cannot be inside a Residual (the branch must "
+                             f"keep the shape of its input, {shape(t)})")
+        val = _image_layer(b, branch, f"{key}.{j}", sub, val, computed or j > 0)
+        shapes.append(shape(branch.t))
+    _changed_by(where, spec.args, shapes)
+    s.then(T("Comp", add_images(t), T("Fork", T("Id", t), comp(*reversed(branch.parts)))))
+    return None if ref is None else ref + val
+
+
+def _flatten(b: _Builder, s: Stages, i: int, spec: LayerSpec, rest: list[LayerSpec]) -> None:
+    """Flatten(1, -1) of an image: when a Linear follows (after activations, which act on every
+    element alike), its features are the image's [H][W][C] joined and that Linear reorders its
+    weight's columns (b.chw); when none does, the image stays and the host reshapes the NCHW
+    output it reads back."""
+    where = _where(str(i), spec)
+    p = bind(spec)
+    if p["start_dim"] not in (1, -3) or p["end_dim"] not in (3, -1):
+        raise LayerError(f"{where}: only start_dim=1, end_dim=-1 (each image to one vector of its C*H*W values) "
+                         f"is supported on an NxCxHxW input")
+    h, w, c = shape_of(s.t)
+    after = next((later for later in rest if later.name not in ACTIVATIONS), None)
+    if after is not None and after.name != "Linear":
+        raise LayerError(f"{where}: after Flatten, the next layer other than an activation must be a Linear, "
+                         f"got {after}")
+    if after is not None:
+        s.then(T("Join", s.t))
+        s.then(T("Join", s.t))
+        b.width, b.chw = c * h * w, (c, h, w)
 
 
 def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
                       values: bool = True) -> Model:
-    """A stack of image layers (Conv2d, pooling, activations) on an N x C x H x W input. Each
-    image is turned to HWC by the host's layout; the stack works per image (a Map over the
-    batch) and the output is read back as NCHW."""
+    """A stack of image layers (Conv2d, pooling, activations, residual blocks) on an N x C x H x W
+    input, perhaps then Flatten and layers over features. Each image is turned to HWC by the
+    host's layout; the stack works per image (a Map over the batch) and an image output is read
+    back as NCHW."""
     if len(input_shape) != 4:
         raise LayerError(f"image layers need an input NxCxHxW, got {'x'.join(map(str, input_shape))}")
     n, c, h, w = input_shape
@@ -405,22 +565,38 @@ def build_image_model(layers: list[LayerSpec], input_shape: tuple[int, ...], see
     s.then(to_hwc(img))
     x = rng.standard_normal(input_shape).astype(np.float32) if rng is not None else None
     ref = x.astype(np.float64) if x is not None else None
+    flat = False  # whether a Flatten has run
     for i, spec in enumerate(layers):
-        ref = _image_layer(b, s, i, spec, ref)
-    oh, ow, oc = shape_of(s.t)
-    _check_size("the output", n, oc, oh, ow)
+        if len(shape_of(s.t)) == 1:  # flattened: layers over features
+            if spec.name in CELLS:
+                raise LayerError(f"{_where(str(i), spec)}: a recurrent cell after Flatten is not supported")
+            ref = _feature_layer(b, str(i), spec, ref)
+        elif spec.name == "Flatten":
+            _flatten(b, s, i, spec, layers[i + 1 :])
+            flat = True
+            ref = None if ref is None else ref.reshape(n, -1)
+        else:
+            ref = _image_layer(b, s, str(i), spec, ref, i > 0)
+    for f in b.stages:
+        s.then(f)
     body = comp(*reversed(s.parts))
-    back = to_chw(s.t)
+    if len(shape_of(s.t)) == 1:  # features: [batch][features] out
+        out_shape: tuple[int, ...] = (n, b.width)
+        back = []
+    else:  # an image, read back as NCHW (flattened, when a Flatten ends the stack)
+        oh, ow, oc = shape_of(s.t)
+        _check_size("the output", n, oc, oh, ow)
+        out_shape = (n, oc * oh * ow) if flat else (n, oc, oh, ow)
+        back = [to_chw(s.t) if n == 1 else T("Map", to_chw(s.t), n)]
     if n == 1:
-        program = comp(back, T("ToOutput", s.t), body)
+        program = comp(*back, T("ToOutput", s.t), body)
         xv = T("Var", "x", img)
     else:
-        program = comp(T("Map", back, n), T("ToOutput", ta(s.t, n)), T("Map", body, n))
+        program = comp(*back, T("ToOutput", ta(s.t, n)), T("Map", body, n))
         xv = T("Var", "x", tensor_type(dtype, input_shape))
     env = b.env
     if x is not None:
         env["x"] = x if n > 1 else x[0]
-    out_shape = (n, oc, oh, ow)
     io = (math.prod(input_shape) + math.prod(out_shape)) * 4
     reference = ref.astype(np.float32) if ref is not None else None
     return Model(list(layers), tuple(input_shape), out_shape, T("App", program, xv), env, reference, b.macs,
@@ -507,7 +683,7 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
         raise LayerError(f"seed must be a non-negative integer, got {seed!r}")
     if len(input_shape) == 3 or any(spec.name in SEQUENCES for spec in layers):
         return _sequence_model(list(layers), tuple(input_shape), seed, dtype, values)
-    if any(spec.name in SPATIAL for spec in layers) or len(input_shape) == 4:
+    if any(spec.name in SPATIAL for spec in _nested(layers)) or len(input_shape) == 4:
         return build_image_model(layers, tuple(input_shape), seed, dtype, values)
     if len(input_shape) != 2:
         raise LayerError(f"input shape {input_shape} must be (batch, features)")
@@ -522,20 +698,7 @@ def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int
     x = rng.standard_normal((batch, feats)).astype(np.float32) if rng is not None else None
     ref: object = x.astype(np.float64) if x is not None else None
     for i, spec in enumerate(layers):
-        p = bind(spec)
-        expects = p.get("in_features", p.get("input_size"))
-        if expects is not None and expects != b.width:
-            raise LayerError(f"layer {i + 1} {spec}: expects {expects} input features, but receives {b.width}")
-        if b.state is not None and b.state[0] == "LSTMCell":
-            raise LayerError(f"layer {i + 1} {spec}: LSTMCell returns (h, c) and must be the last layer")
-        if spec.name == "Linear":
-            ref = b.linear(i, spec, p, ref)
-        elif spec.name in CELLS:
-            ref = b.cell(i, spec, p, ref)
-        else:
-            op, fn = ACTIVATIONS[spec.name]
-            b.stages.append(T(op, ta(b.s, b.width)))
-            ref = fn(ref) if ref is not None else None
+        ref = _feature_layer(b, str(i), spec, ref)
     body = comp(*reversed(b.stages))
     row_out = fout(body)
     x_row = ta(b.s, feats)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from egraph_rules.ir import T, Term, fout, lifted, shape_of, ta, tp, ty
+from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, tp, ty
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,25 @@ class Stages:
         return self
 
 
-def windows(s: Stages, win: Window) -> Stages:
-    """[H][W][C] -> [OH][OW][kh][kw][C]: zero padding, then a Slide over rows and one over
-    columns; a dilated window keeps every d-th element of its span (Slide 1 d, then Join)."""
+def add_images(t: Term) -> Term:
+    """A pair of [H][W][C] images -> their sum, pixel by pixel (channel vectors added)."""
+    h, w, c = shape_of(t)
+    vec, row = t.args[0].args[0], t.args[0]
+    per_row = T("Comp", T("Map", T("VVAdd", tp(vec, vec)), w), T("Zip", tp(row, row)))
+    return T("Comp", T("Map", per_row, h), T("Zip", tp(t, t)))
+
+
+def windows(s: Stages, win: Window, fill: Term | None = None) -> Stages:
+    """[H][W][C] -> [OH][OW][kh][kw][C]: zero padding (plus `fill`, a padded-size image that is
+    zero inside, to pad with another value), then a Slide over rows and one over columns; a
+    dilated window keeps every d-th element of its span (Slide 1 d, then Join)."""
     ph, pw = win.padding
     if ph:
         s.then(T("Pad", ph, ph, s.t))
     if pw:
         s.then(lifted(s.t, 1, lambda e: T("Pad", pw, pw, e)))
+    if fill is not None:
+        s.then(T("Comp", add_images(s.t), T("Fork", T("Id", s.t), T("Const", fill, s.t))))
     dilate = [None, None]
     for axis in (0, 1):
         d = win.dilation[axis]
@@ -92,6 +103,14 @@ def to_chw(t: Term) -> Term:
     return T("Comp", T("Transpose", fout(first)), first)
 
 
+def chw_to_hwc(t: Term, c: int, h: int, w: int) -> Term:
+    """[C*H*W] in channel-major order (PyTorch's Flatten of NCHW) -> [H*W*C], pixel-major."""
+    rows = T("Split", h * w, t)
+    planes = T("Map", T("Split", w, fout(rows).args[0]), c)
+    hwc = to_hwc(fout(planes))
+    return comp(flatten_window(fout(hwc)), hwc, planes, rows)
+
+
 def conv_weight(w: Term) -> Term:
     """OIHW weights [O][C][kh][kw] -> [O][kh*kw*C], each filter flattened like a window."""
     filt = ty(w).args[0]
@@ -99,8 +118,26 @@ def conv_weight(w: Term) -> Term:
     return T("App", T("Map", per, ty(w).args[1]), w)
 
 
+def block_diagonal(w: Term, groups: int) -> Term:
+    """Grouped OIHW weights [O][C/G][kh][kw] -> the dense [O][C][kh][kw] whose group g's filters
+    see only group g's channels (zeros elsewhere), so a grouped convolution is a dense one, one
+    GEMM. The diagonal comes from layout alone: each group's block padded by G zero blocks,
+    joined, cut to G*G blocks and split into rows of G puts block g at row g, column g."""
+    g = groups
+    blocks = T("Split", ty(w).args[1] // g, ty(w))  # [G][og][cg][kh][kw]
+    one = T("Split", 1, fout(blocks))  # [G][1][og][cg][kh][kw]
+    padded = T("Map", T("Pad", 0, g, fout(one).args[0]), g)  # [G][G+1][og][cg][kh][kw]
+    joined = T("Join", fout(padded))
+    cut = T("Slice", 0, g * g, fout(joined))
+    square = T("Split", g, fout(cut))  # [G][G][og][cg][kh][kw]
+    rows = lifted(fout(square), 1, lambda e: T("Transpose", e))  # [G][og][G][cg][kh][kw]
+    chans = lifted(fout(rows), 2, lambda e: T("Join", e))  # [G][og][C][kh][kw]
+    dense = comp(T("Join", fout(chans)), chans, rows, square, cut, joined, padded, one, blocks)
+    return T("App", dense, w)
+
+
 def conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
-    """Dense convolution (groups=1): a Linear layer on every flattened window, pixels as rows."""
+    """Dense convolution: a Linear layer on every flattened window, pixels as rows."""
     windows(s, win)
     oh, ow = shape_of(s.t)[:2]
     s.then(T("Join", s.t))
@@ -131,10 +168,11 @@ def depthwise_conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
     return s.then(lifted(s.t, 2, lambda e: per))
 
 
-def pool(s: Stages, win: Window, kind: str, scale: Term | None) -> Stages:
+def pool(s: Stages, win: Window, kind: str, scale: Term | None, fill: Term | None = None) -> Stages:
     """Max or average pooling: each window's [C] vectors reduced with VVMax or VVAdd (rows of the
-    window first, then the row results); the average multiplies the sum by `scale` (1/taps)."""
-    windows(s, win)
+    window first, then the row results); the average multiplies the sum by `scale` (1/taps);
+    `fill` pads with another value than zero (see windows)."""
+    windows(s, win, fill)
     win_t = s.t.args[0].args[0]
     kh, kw, _ = shape_of(win_t)
     vec = win_t.args[0].args[0]
@@ -153,10 +191,10 @@ def elementwise(s: Stages, op: str) -> Stages:
 # ---------------------------------------------------------------- references (NCHW, float64)
 
 
-def _taps(x: np.ndarray, win: Window, oh: int, ow: int):
+def _taps(x: np.ndarray, win: Window, oh: int, ow: int, pad_value: float = 0.0):
     """(i, j, x values under tap (i, j) for every output pixel: [N][C][OH][OW])."""
     (ph, pw), (sh, sw), (dh, dw) = win.padding, win.stride, win.dilation
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value)
     for i in range(win.kernel[0]):
         for j in range(win.kernel[1]):
             yield i, j, xp[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
@@ -180,9 +218,9 @@ def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Wind
 
 
 def pool_reference(x: np.ndarray, win: Window, kind: str) -> np.ndarray:
-    """PyTorch's MaxPool2d (no padding) / AvgPool2d (zero padding counted in the divisor)."""
+    """PyTorch's MaxPool2d (padded with -inf) / AvgPool2d (zero padding counted in the divisor)."""
     oh, ow = win.out_size(x.shape[2], 0), win.out_size(x.shape[3], 1)
-    patches = [p for _, _, p in _taps(x.astype(np.float64), win, oh, ow)]
+    patches = [p for _, _, p in _taps(x.astype(np.float64), win, oh, ow, -np.inf if kind == "max" else 0.0)]
     if kind == "max":
         return np.max(patches, axis=0)
     return np.sum(patches, axis=0) / len(patches)

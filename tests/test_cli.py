@@ -51,6 +51,16 @@ def test_a_convolution_from_the_command_line(capsys):
     assert "mv_mul x64" in out  # 64 pixels, 27 taps in one 32-column tile
 
 
+def test_a_classifier_with_a_residual_block_from_the_command_line(capsys):
+    """Nested layer calls in one argument; Flatten into a Linear classifier."""
+    code, out, err = cli(["optimize", "Conv2d(3, 4, 3, padding=1)", "Residual(Conv2d(4, 4, 1), ReLU())", "MaxPool2d(2)",
+                          "Flatten()", "Linear(16, 10)", "--input", "1x3x4x4", "--native-dim", "32"], capsys)
+    assert code == 0 and err == ""
+    assert out.splitlines()[0] == ("Conv2d(3, 4, 3, padding=1) -> Residual(Conv2d(4, 4, 1), ReLU()) -> MaxPool2d(2) "
+                                   "-> Flatten() -> Linear(16, 10) on brainwave32: input 1x3x4x4 -> output 1x10")
+    assert float(out.split("max rel error ")[1].split()[0]) <= 1e-4
+
+
 def test_summary_says_when_a_budget_stopped_saturation(capsys):
     code, out, _ = cli(["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32", "--max-iterations",
                         "5"], capsys)
@@ -130,6 +140,12 @@ BAD = {
     "kernel larger than input": ["optimize", "Conv2d(3, 8, 7)", "--input", "1x3x5x5"],
     "groups do not divide": ["optimize", "Conv2d(6, 8, 3, groups=4)", "--input", "1x6x6x6"],
     "image layer on features": ["optimize", "MaxPool2d(2)", "--input", "1x8"],
+    "residual changes the shape": ["optimize", "Residual(Linear(8, 4))", "--input", "1x8"],
+    "residual of a non-layer": ["optimize", "Residual(8)", "--input", "1x8"],
+    "conv after flatten": ["optimize", "Flatten()", "Conv2d(3, 4, 1)", "--input", "1x3x4x4"],
+    "flatten of other dimensions": ["optimize", "Flatten(2)", "--input", "1x3x4x4"],
+    "linear after flatten of the wrong size": ["optimize", "Flatten()", "Linear(16, 2)", "--input", "1x3x4x4"],
+    "max pool padding over half the kernel": ["optimize", "MaxPool2d(2, padding=2)", "--input", "1x3x6x6"],
     "no program within budget": ["optimize", "Linear(64, 64)", "--input", "1x64", "--native-dim", "32",
                                  "--max-iterations", "0"],
 }
@@ -157,6 +173,10 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     (BAD["unknown target"], "tpu"),
     (BAD["malformed shape"], "1by8"),
     (BAD["kernel larger than input"], "7x7 window"),
+    (BAD["residual changes the shape"], "8 features, but Linear(8, 4) makes it 4 features"),
+    (BAD["conv after flatten"], "must be a Linear, got Conv2d(3, 4, 1)"),
+    (BAD["linear after flatten of the wrong size"], "expects 16 input features, but receives 48"),
+    (BAD["max pool padding over half the kernel"], "padding 2x2 is more than half the kernel 2x2"),
 ])
 def test_error_names_the_problem(argv, words, capsys):
     _, _, err = cli(argv, capsys)

@@ -12,7 +12,8 @@ from egraph_rules.interpreter import Interpreter
 from egraph_rules.ir import T, comp, shape_of, tensor_type, tp, ty
 from egraph_rules.saturate import Budget, Saturator
 from frontend.layers import LayerError, build_model, parse_layer
-from frontend.spatial import Stages, Window, conv, conv_reference, conv_weight, depthwise_conv, flatten_window, to_hwc, windows
+from frontend.spatial import (Stages, Window, block_diagonal, conv, conv_reference, conv_weight, depthwise_conv,
+                              flatten_window, pool_reference, to_hwc, windows)
 from liftsat.api import optimize, rules_for
 from liftsat.targets import get_target
 
@@ -28,6 +29,15 @@ def model(layers: list[str], shape: tuple[int, ...], values: bool = True):
     (["MaxPool2d(3, stride=2)"], (2, 5, 9, 9)),
     (["AvgPool2d(2, padding=1)"], (1, 5, 7, 7)),
     (["Conv2d(4, 4, 3, groups=4, padding=1)", "Conv2d(4, 6, 1)", "Tanh()", "MaxPool2d(2)"], (1, 4, 6, 6)),
+    (["Conv2d(3, 4, 3, padding=1)", "ReLU()", "MaxPool2d(2)", "Flatten()", "Linear(36, 5)"], (2, 3, 6, 6)),
+    (["Conv2d(3, 4, 3)", "Flatten()", "Sigmoid()"], (2, 3, 5, 5)),
+    (["Conv2d(8, 16, 3, groups=2)"], (1, 8, 6, 6)),
+    (["Conv2d(6, 12, (3, 2), groups=3, stride=2, padding=1, bias=False)", "Conv2d(12, 4, 1, groups=4)"], (2, 6, 7, 7)),
+    (["MaxPool2d(3, stride=2, padding=1)"], (2, 5, 7, 7)),
+    (["MaxPool2d((3, 2), stride=1, padding=(1, 1), dilation=(1, 2))"], (1, 3, 4, 5)),
+    (["Residual(Conv2d(4, 4, 3, padding=1), ReLU())"], (2, 4, 5, 5)),
+    (["Conv2d(4, 4, 3, padding=1)", "Residual(Conv2d(4, 4, 1), Tanh(), Conv2d(4, 4, 1))", "Flatten()",
+      "Linear(100, 3)"], (1, 4, 5, 5)),
 ])
 def test_stencil_terms_match_the_reference(layers, shape):
     """The IR term (Slide stencils over HWC images, read back as NCHW) evaluated by the reference
@@ -45,6 +55,45 @@ def test_reference_convolution_by_hand():
     got = conv_reference(x, w, np.array([10.0]), Window((2, 2), (1, 1), (0, 0), (1, 1)), 1)
     # out[i, j] = x[i, j] - x[i+1, j+1] + 10 = -4 + 10 everywhere
     np.testing.assert_array_equal(got, np.full((1, 1, 2, 2), 6.0))
+
+
+def test_max_pooling_pads_with_minus_infinity():
+    """On an all-negative image a padded max pool keeps the border windows negative (zero padding
+    would give 0 there), as PyTorch's -inf padding does; the term agrees."""
+    m = model(["MaxPool2d(2, padding=1)"], (1, 2, 3, 3))
+    m.env["x"] = -1 - np.abs(m.env["x"])
+    x = m.env["x"].astype(np.float64)
+    expected = np.empty((1, 2, 2, 2))
+    for i in range(2):
+        for j in range(2):  # window (i, j) covers padded rows 2i-1..2i and columns 2j-1..2j
+            expected[0, :, i, j] = x[:, max(2 * i - 1, 0) : 2 * i + 1, max(2 * j - 1, 0) : 2 * j + 1].max(axis=(1, 2))
+    np.testing.assert_array_equal(pool_reference(x[None], Window((2, 2), (2, 2), (1, 1), (1, 1)), "max"), expected)
+    out = np.asarray(Interpreter(m.env).value(m.term)).reshape(m.output_shape)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert (out < 0).all()
+
+
+def test_classifier_reference_is_pytorchs_definition():
+    """Conv2d, ReLU, MaxPool2d, Flatten, Linear computed directly from the model's weights in
+    NCHW (Flatten keeps PyTorch's channel-major order) equals the model's reference."""
+    m = model(["Conv2d(3, 4, 3, padding=1)", "ReLU()", "MaxPool2d(2)", "Flatten()", "Linear(36, 5)"], (2, 3, 6, 6))
+    x = m.env["x"].astype(np.float64)
+    y = np.maximum(conv_reference(x, m.env["W0"], m.env["b0"], Window((3, 3), (1, 1), (1, 1), (1, 1)), 1), 0)
+    y = y.reshape(2, 4, 3, 2, 3, 2).max(axis=(3, 5)).reshape(2, 36)
+    y = y @ m.env["W4"].astype(np.float64).T + m.env["b4"]
+    np.testing.assert_allclose(m.reference, y, rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_convolution_is_a_dense_one_with_block_diagonal_weights():
+    """Each group's output channels see only the group's input channels: the dense weight built
+    by layout is the grouped one on its diagonal blocks and zero elsewhere."""
+    w = np.random.default_rng(3).standard_normal((6, 2, 3, 3)).astype(np.float32)
+    dense = np.asarray(Interpreter({"W": w}).value(block_diagonal(T("Var", "W", tensor_type("f32", w.shape)), 3)))
+    assert dense.shape == (6, 6, 3, 3)
+    for g in range(3):
+        for h in range(3):
+            block = dense[2 * g : 2 * g + 2, 2 * h : 2 * h + 2]
+            np.testing.assert_array_equal(block, w[2 * g : 2 * g + 2] if g == h else 0)
 
 
 def _im2col_pair(c: int, o: int, h: int, w: int, k: int, pad: int, depthwise_first: bool = False):
@@ -110,6 +159,18 @@ def test_pointwise_part_of_a_depthwise_separable_convolution_is_a_gemm():
     (["MaxPool2d(3, stride=2)"], (1, 5, 9, 9)),
     (["AvgPool2d(2, padding=1)"], (2, 5, 7, 7)),
     (["Conv2d(3, 6, 5, stride=2)", "Sigmoid()", "MaxPool2d(2)"], (1, 3, 15, 15)),
+    (["Conv2d(3, 8, 3, padding=1)", "ReLU()", "MaxPool2d(2)", "Flatten()", "Linear(128, 10)"], (1, 3, 8, 8)),
+    (["Conv2d(3, 4, 3, padding=1)", "MaxPool2d(2)", "Flatten()", "Tanh()", "Linear(36, 8)", "ReLU()",
+      "Linear(8, 3)"], (2, 3, 6, 6)),
+    (["Conv2d(3, 4, 3)", "Flatten()"], (2, 3, 5, 5)),
+    (["Conv2d(8, 16, 3, groups=2)"], (1, 8, 6, 6)),
+    (["Conv2d(6, 6, 3, groups=3, stride=2, padding=1, bias=False)", "ReLU()", "Conv2d(6, 12, 1, groups=3)"],
+     (1, 6, 7, 7)),
+    (["Conv2d(4, 8, 3, groups=4, padding=1)"], (2, 4, 5, 5)),
+    (["MaxPool2d(3, stride=2, padding=1)"], (1, 5, 7, 7)),
+    (["MaxPool2d(2, padding=1)", "Flatten()", "Linear(36, 3)"], (2, 4, 5, 5)),
+    (["Residual(Conv2d(4, 4, 3, padding=1), ReLU())"], (2, 4, 5, 5)),
+    (["Conv2d(4, 4, 3, padding=1)", "Residual(Conv2d(4, 4, 1), ReLU(), Conv2d(4, 4, 1))"], (1, 4, 5, 5)),
 ])
 def test_image_layers_run_on_brainwave(layers, shape):
     r = optimize(layers, shape, native_dim=32)
@@ -133,16 +194,26 @@ def test_a_convolution_reads_its_im2col_matrix_from_dram():
     (["Conv2d(3, 8, 7)"], (1, 3, 5, 5), r"7x7 window .* larger than the padded input 5x5"),
     (["Conv2d(3, 8, 3, dilation=3)"], (1, 3, 6, 6), r"7x7 window .*dilation 3x3.* padded input 6x6"),
     (["Conv2d(6, 8, 3, groups=4)"], (1, 6, 6, 6), "divisible by groups 4"),
-    (["Conv2d(6, 6, 3, groups=3)"], (1, 6, 6, 6), "groups=3 is not supported"),
+    (["Conv2d(3, 8, 3)", "Conv2d(8, 8, 3, groups=2)"], (1, 3, 9, 9), "layer 2 .* no on-chip im2col yet"),
+    (["MaxPool2d(2, padding=2)"], (1, 3, 6, 6), "padding 2x2 is more than half the kernel 2x2"),
+    (["Conv2d(3, 8, 3)", "Flatten()", "Conv2d(8, 8, 1)"], (1, 3, 6, 6),
+     r"layer 2 Flatten\(\): after Flatten, the next layer other than an activation must be a Linear, got Conv2d"),
+    (["Flatten(start_dim=2)"], (1, 3, 6, 6), "only start_dim=1, end_dim=-1"),
+    (["Flatten()", "Linear(100, 4)"], (1, 3, 6, 6), "layer 2 Linear.*expects 100 input features, but receives 108"),
+    (["Flatten()", "Linear(108, 4)", "GRUCell(4, 4)"], (1, 3, 6, 6), "layer 3 GRUCell.* after Flatten"),
+    (["Residual(Conv2d(4, 8, 1), ReLU())"], (1, 4, 5, 5),
+     r"layer 1 Residual\(.*\): the branch must keep the shape of its input, 4x5x5 \(channels x rows x columns\), "
+     r"but Conv2d\(4, 8, 1\) makes it 8x5x5"),
+    (["Residual(ReLU(), Flatten())"], (1, 4, 5, 5), r"layer 1.2 Flatten\(\): a Flatten cannot be inside a Residual"),
+    (["ReLU()", "Residual(Conv2d(4, 4, 3, padding=1))"], (1, 4, 5, 5), "layer 2.1 Conv2d.*no on-chip im2col yet"),
     (["Conv2d(4, 8, 3)"], (1, 3, 6, 6), "expects 4 input channels, but receives 3"),
     (["Conv2d(3, 8, 0)"], (1, 3, 6, 6), "kernel_size must be an integer >= 1"),
     (["Conv2d(3, 8, 3, padding=-1)"], (1, 3, 6, 6), "padding must be an integer >= 0"),
     (["Conv2d(3, 8, 3, padding_mode='reflect')"], (1, 3, 6, 6), "padding_mode must be one of 'zeros', got 'reflect'"),
-    (["MaxPool2d(2, padding=1)"], (1, 3, 6, 6), "padding .* not supported"),
     (["Conv2d(3, 8, 3)", "Linear(8, 4)"], (1, 3, 6, 6), "Linear layer cannot take an image"),
     (["Conv2d(3, 8, 3)"], (1, 3), "need an input NxCxHxW"),
     (["Conv2d(3, 8, 3)", "Conv2d(8, 8, 3)"], (1, 3, 9, 9), "layer 2 .* no on-chip im2col yet"),
-    (["Conv2d(3, 8, 3)", "MaxPool2d(2, padding=1)"], (1, 3, 9, 9), "padding .* not supported"),
+    (["Conv2d(3, 8, 3)", "MaxPool2d(2, padding=1)"], (1, 3, 9, 9), "layer 2 .* only unpadded pooling"),
     (["ReLU()", "AvgPool2d(2, padding=1)"], (1, 3, 9, 9), "layer 2 .* only unpadded pooling"),
 ])
 def test_bad_image_layers_are_named(layers, shape, message):
@@ -165,5 +236,19 @@ def test_image_layers_run_on_every_target(target, case):
     convolution on vecmat, an accelerator defined only by its description file under tests/
     (it has no vector max or multiply, so no pooling or depthwise convolution)."""
     layers, shape = CASES[case]
+    r = optimize(layers, shape, target=target)
+    assert r.max_rel_error <= 1e-4
+
+
+@pytest.mark.parametrize("target", ["snowflake", "vta"])
+@pytest.mark.parametrize("layers, shape", [
+    (["Conv2d(3, 8, 3, padding=1)", "ReLU()", "MaxPool2d(2)", "Flatten()", "Linear(128, 10)"], (1, 3, 8, 8)),
+    (["Conv2d(8, 16, 3, groups=2)"], (1, 8, 6, 6)),
+    (["MaxPool2d(3, stride=2, padding=1)"], (1, 16, 7, 7)),
+    (["Conv2d(4, 4, 1)", "Residual(Conv2d(4, 4, 1), ReLU())"], (1, 4, 5, 5)),
+])
+def test_new_image_layers_run_on_other_targets(target, layers, shape):
+    """Flatten into a classifier, grouped convolution, padded max pooling and an image residual
+    block beyond brainwave."""
     r = optimize(layers, shape, target=target)
     assert r.max_rel_error <= 1e-4

@@ -146,6 +146,9 @@ SMALL = [
     (["Sigmoid()", "Linear(64, 64, bias=False)"], (1, 64)),
     (["Tanh()"], (2, 64)),
     (["Linear(64, 100)", "ReLU()"], (2, 64)),
+    (["Residual(Linear(64, 64), ReLU())"], (1, 64)),
+    (["Linear(40, 48)", "Residual(Linear(48, 48), Tanh(), Linear(48, 48, bias=False))", "Sigmoid()"], (3, 40)),
+    (["Residual(Residual(Linear(16, 16)), ReLU())", "Flatten()", "Linear(16, 4)"], (2, 16)),
 ]
 
 
@@ -155,6 +158,12 @@ def test_small_layers(layers, shape):
     r = optimize(layers, shape, native_dim=32)
     _check_accuracy(r, build_model([parse_layer(t) for t in layers], shape).output_shape)
     assert r.cycles > 0 and r.cycles >= r.roofline_cycles * 0.5
+
+
+@pytest.mark.parametrize("target", ["snowflake", "cpu"])
+def test_residual_block_on_other_targets(target):
+    r = optimize(["Residual(Linear(16, 16), ReLU())", "Linear(16, 4)"], (2, 16), target=target)
+    _check_accuracy(r, (2, 4))
 
 
 def test_batched_layer_with_features_not_a_multiple_of_the_native_dim():

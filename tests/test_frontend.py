@@ -25,11 +25,21 @@ from frontend.layers import LayerError, LayerSpec, bind, build_model, parse_laye
     ("ReLU(inplace=True)", {"inplace": True}),
     ("Tanh()", {}),
     ("Sigmoid()", {}),
+    ("Flatten()", {"start_dim": 1, "end_dim": -1}),
+    ("Flatten(1, -1)", {"start_dim": 1, "end_dim": -1}),
 ])
 def test_accepted_layers(text, expected):
     spec = parse_layer(text)
     assert isinstance(spec, LayerSpec)
     assert bind(spec) == expected
+
+
+def test_residual_reads_its_branch_as_layer_calls():
+    spec = parse_layer("Residual(Linear(64, 64), ReLU())")
+    assert bind(spec) == {"layers": (parse_layer("Linear(64, 64)"), parse_layer("ReLU()"))}
+    assert str(spec) == "Residual(Linear(64, 64), ReLU())"
+    assert str(parse_layer("Residual(Residual(Conv2d(8, 8, 3, padding=1)), Tanh())")) == \
+        "Residual(Residual(Conv2d(8, 8, 3, padding=1)), Tanh())"
 
 
 def test_layer_spec_prints_as_a_call():
@@ -52,6 +62,13 @@ def test_layer_spec_prints_as_a_call():
     ("Linear(*[4, 2])", "literal"),
     ("Linear(10**3, 3)", "literal"),
     ("Linear(**{'bias': True})", r"\*\*kwargs"),
+    ("Residual()", "Residual takes the layers of its branch"),
+    ("Residual(ReLU(), inplace=True)", "Residual takes the layers of its branch"),
+    ("Residual(3)", "Residual: its arguments must be layer calls such as ReLU\\(\\), got '3'"),
+    ("Residual(Conv3d(3, 4))", "unknown layer 'Conv3d'"),
+    ("Residual(Linear(x, 3))", "literal"),
+    ("Linear(ReLU(), 3)", "literal"),
+    ("Flatten(start_dim=1.5)", "start_dim must be an integer, got 1.5"),
 ])
 def test_rejected_by_parse_or_bind(text, message):
     with pytest.raises(LayerError, match=message):
@@ -198,7 +215,34 @@ def test_seed_determines_everything(seed):
     assert not np.array_equal(a.env["W0"], c.env["W0"])
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_residual_reference_is_numpy(batch):
+    """Residual(Linear, ReLU) then Linear, in plain numpy from the model's weights: y = x + f(x)."""
+    m = build_model([parse_layer("Residual(Linear(8, 8), ReLU())"), parse_layer("Linear(8, 3)")], (batch, 8), seed=4)
+    x = m.env["x"].astype(np.float64).reshape(batch, 8)
+    y = x + np.maximum(x @ m.env["W0.0"].astype(np.float64).T + m.env["b0.0"], 0)
+    y = y @ m.env["W1"].astype(np.float64).T + m.env["b1"]
+    np.testing.assert_allclose(m.reference, y, rtol=1e-6, atol=1e-6)
+    value = np.asarray(Interpreter(m.env).value(m.term)).reshape(m.output_shape)
+    np.testing.assert_allclose(value, m.reference, rtol=1e-4, atol=1e-5)
+    assert m.weights == ["W0.0", "b0.0", "W1", "b1"]
+
+
+def test_flatten_of_features_leaves_them():
+    a = build_model([parse_layer("Flatten()"), parse_layer("Linear(8, 3)")], (2, 8), seed=1)
+    b = build_model([parse_layer("Linear(8, 3)")], (2, 8), seed=1)
+    assert ty(a.term) == ty(b.term)
+    np.testing.assert_array_equal(a.reference, b.reference)
+
+
 @pytest.mark.parametrize("texts, shape, message", [
+    (["Residual(Linear(8, 4))"], (1, 8), r"layer 1 Residual\(Linear\(8, 4\)\): the branch must keep the shape of "
+                                          r"its input, 8 features, but Linear\(8, 4\) makes it 4 features"),
+    (["ReLU()", "Residual(Linear(8, 4), ReLU(), Tanh())"], (1, 8), "layer 2 .* Linear\\(8, 4\\) makes it 4 features"),
+    (["Residual(Linear(7, 8))"], (1, 8), r"layer 1.1 Linear\(7, 8\): expects 7 input features, but receives 8"),
+    (["Residual(GRUCell(8, 8))"], (1, 8), r"layer 1.1 GRUCell\(8, 8\): a GRUCell layer cannot be inside a Residual"),
+    (["Residual(MatMul(8, 8))"], (1, 8), "MatMul layer cannot be inside a Residual"),
+    (["Flatten(0)"], (2, 8), "only start_dim=1, end_dim=-1"),
     (["Linear(16, 4)"], (1, 8), "expects 16 input features, but receives 8"),
     (["Linear(8, 4)", "Linear(8, 2)"], (1, 8), "layer 2"),
     ([], (1, 8), "no layers"),
