@@ -110,12 +110,13 @@ class Saturator:
     def run(self, budget: Budget, after: SaturationStats | None = None) -> SaturationStats:
         """Saturate all levels together: analyses to a fixpoint, then one step of every rule,
         until nothing changes or a budget runs out (checked before every step). `after`: an
-        earlier saturation of this e-graph that has spent part of the budget; the figures
-        returned then cover both."""
+        earlier saturation of this e-graph with other rules: it has spent part of the time budget
+        (the node and iteration limits apply to each saturation), and the figures returned cover
+        both."""
         start = time.perf_counter()
         spent_iterations, spent_seconds = (after.iterations, after.seconds) if after else (0, 0.0)
         matches: Counter[str] = Counter(after.matches_per_rule if after else {})
-        iterations, saturated, reason = spent_iterations, False, ""
+        iterations, saturated, reason = 0, False, ""
         self._run("(run-schedule (saturate (run analysis)))")
         while True:
             size = self.size()
@@ -136,7 +137,7 @@ class Saturator:
             if not report.updated:
                 saturated, reason = True, "saturated"
                 break
-        return SaturationStats(self.size(), None, iterations, saturated, reason,
+        return SaturationStats(self.size(), None, spent_iterations + iterations, saturated, reason,
                                spent_seconds + time.perf_counter() - start, dict(matches))
 
     def serialize(self, roots: dict[str, Term], stats: SaturationStats) -> SaturatedGraph:
