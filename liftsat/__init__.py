@@ -1,5 +1,5 @@
 """liftsat: deep-learning layers to accelerator instructions by equality saturation."""
 
-from liftsat.api import Result, optimize, rules_for
+from liftsat.api import Comparison, Result, optimize, optimize_targets, rules_for
 
-__all__ = ["Result", "optimize", "rules_for"]
+__all__ = ["Comparison", "Result", "optimize", "optimize_targets", "rules_for"]

@@ -12,6 +12,7 @@ engine here: nothing found in one phase survives into the next except the commit
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from egraph_rules.algorithmic_rules import common_algorithmic_rules, tiling_rules
 from egraph_rules.dsl_rules import band_rules, dsl_rules
@@ -36,12 +37,27 @@ PHASES: tuple[tuple[str, Callable[[Target], list[Rule]]], ...] = (
 )
 
 
-def phase_ordered(term: Term, target: Target, budget: Budget | None = None) -> tuple[Extracted, list[str]]:
-    """The program phase-ordered rewriting commits to, and per phase what it did (committed a
-    program of so many predicted cycles, or found none the target runs). ExtractionError when
-    no phase ends with a runnable program."""
-    best: Extracted | None = None
-    log = []
+@dataclass
+class Phase:
+    """What one phase did: its name, the runnable program it committed to (None: it found none
+    and committed the most lowered term instead), and its e-graph's size and stop reason."""
+
+    name: str
+    program: Extracted | None
+    enodes: int
+    stop_reason: str
+
+    def __str__(self) -> str:
+        did = (f"committed, {self.program.cycles:.0f} predicted cycles" if self.program
+               else "no runnable program yet, committed the most lowered one")
+        return f"{self.name}: {did} ({self.enodes} e-nodes, {self.stop_reason})"
+
+
+def phase_ordered(term: Term, target: Target, budget: Budget | None = None) -> list[Phase]:
+    """Phase-ordered rewriting of a program term for the target: what each phase committed to.
+    The result is the last phase's program; `tile`'s is the tiled lowering before any
+    restructuring. ExtractionError when no phase ends with a runnable program."""
+    phases = []
     hardware = hardware_rules(target.device_ops(), target.native_dim)
     hardware += [r for r in common_algorithmic_rules() if r.name in MOVE_BOUNDS]
     for name, rules in PHASES:
@@ -50,18 +66,15 @@ def phase_ordered(term: Term, target: Target, budget: Budget | None = None) -> t
         stats = sat.run(budget or Budget())
         graph = sat.serialize({"root": term}, stats)
         try:
-            best = extract_greedy(graph, graph.roots["root"], target.cost_model())
+            best: Extracted | None = extract_greedy(graph, graph.roots["root"], target.cost_model())
         except ExtractionError:
-            term = extract_greedy(graph, graph.roots["root"], _Lowered()).term
-            log.append(f"{name}: no runnable program yet, committed the most lowered one "
-                       f"({stats.enodes} e-nodes, {stats.stop_reason})")
-            continue
-        term = best.term
-        log.append(f"{name}: committed, {best.cycles:.0f} predicted cycles ({stats.enodes} e-nodes, "
-                   f"{stats.stop_reason})")
-    if best is None:
-        raise ExtractionError(f"phase-ordered rewriting found no program {target.name} runs: " + "; ".join(log))
-    return best, log
+            best = None
+        term = best.term if best else extract_greedy(graph, graph.roots["root"], _Lowered()).term
+        phases.append(Phase(name, best, stats.enodes, stats.stop_reason))
+    if phases[-1].program is None:
+        raise ExtractionError(f"phase-ordered rewriting found no program {target.name} runs: "
+                              + "; ".join(map(str, phases)))
+    return phases
 
 
 class _Lowered:

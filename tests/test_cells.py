@@ -77,6 +77,18 @@ def test_gate_products_are_slices_of_one_stacked_product():
     assert graph.roots["gate"] == graph.roots["stacked"]
 
 
+def test_the_extractor_picks_the_stacked_product_when_it_is_cheaper():
+    """GRUCell(64, 64) at native size 128: each gate's 64 rows would fill a 128-row tile of its own
+    (3 tiles per product, 6 mv_mul), while the three gates stacked are 192 rows, 2 tiles (4
+    mv_mul). The extracted program runs the stacked products; programs with per-gate products
+    are among the alternatives and are predicted no cheaper."""
+    r = optimize(["GRUCell(64, 64)"], (1, 64), alternatives=4)
+    assert r.ops["mv_mul"] == 4 and r.max_rel_error <= 1e-4
+    unstacked = [a for a in r.alternatives if a.ops["mv_mul"] > 4]
+    assert unstacked and all(a.predicted_cycles >= r.predicted_cycles for a in unstacked)
+    assert all(a.max_rel_error <= 1e-4 for a in r.alternatives)
+
+
 def test_a_cell_inside_a_layer_stack():
     """Layers before the cell feed its input; the cell's output feeds the layers after it."""
     r = optimize(["Linear(40, 64)", "Tanh()", "GRUCell(64, 32)", "Linear(32, 8)"], (2, 40), native_dim=32)

@@ -198,8 +198,8 @@ def test_weights_that_do_not_fit_are_streamed():
 def test_budget_stop_still_gives_a_correct_program():
     r = optimize(["Linear(64, 64)", "ReLU()"], (1, 64), native_dim=32, budget=Budget(iterations=5))
     assert not r.egraph.saturated
-    assert r.egraph.stop_reason.startswith("iteration limit")
-    assert r.egraph.iterations == 5
+    assert r.egraph.stop_reason == "iteration limit (5)"
+    assert 5 < r.egraph.iterations <= 10  # the shared phase's iterations, then the target's 5
     _check_accuracy(r, (1, 64))
     r = optimize(["Linear(64, 64)", "ReLU()"], (1, 64), native_dim=32, budget=Budget(nodes=500))
     assert r.egraph.stop_reason.startswith("node limit")
