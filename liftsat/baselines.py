@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from egraph_rules.algorithmic_rules import common_algorithmic_rules, tiling_rules
 from egraph_rules.dsl_rules import band_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
+from egraph_rules.interpreter import BINARY, UNARY
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator
@@ -69,7 +70,7 @@ def phase_ordered(term: Term, target: Target, budget: Budget | None = None) -> l
             best: Extracted | None = extract_greedy(graph, graph.roots["root"], target.cost_model())
         except ExtractionError:
             best = None
-        term = best.term if best else extract_greedy(graph, graph.roots["root"], _Lowered()).term
+        term = best.term if best else extract_greedy(graph, graph.roots["root"], _Lowered(target)).term
         phases.append(Phase(name, best, stats.enodes, stats.stop_reason))
     if phases[-1].program is None:
         raise ExtractionError(f"phase-ordered rewriting found no program {target.name} runs: "
@@ -78,11 +79,23 @@ def phase_ordered(term: Term, target: Target, budget: Budget | None = None) -> l
 
 
 class _Lowered:
-    """The commitment of a phase that ends with no runnable program: fewest whole layers left,
-    then the smallest term (a cost model in extraction's sense, not cycles)."""
+    """The commitment of a phase that ends with no runnable program: fewest whole layers and
+    operations no device op does, then fewest operations at a size no device op has, then the
+    smallest term (a cost model in extraction's sense, not cycles)."""
+
+    def __init__(self, target: Target):
+        self.meanings = {op.meaning for op in target.device_ops()}
+        self.kinds = {m.op for m in self.meanings}
 
     def node(self, op: str, args: tuple, kids: list[float]) -> float:
-        return (1e6 if op in LAYER_OPS else 1.0) + sum(kids)
+        computes = op in BINARY or op in UNARY
+        if op in LAYER_OPS or (computes and op not in self.kinds):
+            own = 1e6
+        elif computes and Term(op, args) not in self.meanings:
+            own = 1e3
+        else:
+            own = 1.0
+        return own + sum(kids)
 
     def scalar(self, cost: float) -> float:
         return cost
