@@ -225,11 +225,16 @@ class CycleCost:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
             unit = ta(ts(dtype_name(t)), self.unit_elems(space))
             staged, _ = self.t.transfer_cycles(unit, self.unit_elems(mem.load_from))
-            first = self.wait(mem.load_from, unit) + staged + mem.latency
+            first = self.latency(mem.load_from) + staged + mem.latency
         else:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             first = self.t.dram.latency
         return max(0.0, float(first - (units - 1) * busy / units))
+
+    def latency(self, space: str) -> int:
+        """Cycles from a DRAM read to its data in `space`, through the memories it is staged in."""
+        mem = self.t.memories[space]
+        return mem.latency + self.latency(mem.load_from) if mem.load_from else self.t.dram.latency
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled)."""
