@@ -344,7 +344,11 @@ def _movement() -> list[Rule]:
                                           T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
         return T("Reduce", op, T("TA", _v(n), m))
 
-    hoist = []
+    def ex_hoist_unary(rng):
+        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
+        return T("Map", T("Comp", T("VVRelu", _v(n)), T("ToChip", "mem", _v(n))), m)
+
+    hoist = [rewrite("(Map (Comp f (ToChip sp t)) n)", "(Comp (Map f n) (ToChip sp (TA t n)))", a)]
     for branch in ("left", "right"):
         for part in ("Fst", "Snd"):
             moved = "(Comp (ToChip sp a) x)"
@@ -407,8 +411,9 @@ def _movement() -> list[Rule]:
         Rule("tochip-hoist-from-map", a, tuple(hoist),
              f"the moved branch only re-indexes one part of the element; at most {HOIST_DEPTH} stages after it",
              "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)) (and "
-             "for Snd, either branch): a move inside a loop body becomes a move of the whole array before the loop",
-             ex_hoist, ex_hoist_snd),
+             "for Snd, either branch), Map(f . ToChip) = Map(f) . ToChip: a move inside a loop body becomes a move "
+             "of the whole array before the loop",
+             ex_hoist, ex_hoist_snd, ex_hoist_unary),
         Rule("move-stage-idempotent", a, (
             rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),
             rewrite("(Comp (Map m n) (Map m n))", "(Map m n)", a, ["(ismove m)"], subsume=True),

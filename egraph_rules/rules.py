@@ -195,6 +195,7 @@ def analysis_program() -> str:
     rule("(= f (Const (App (ToChip sp t) c) u))", "(inspace f sp)")
     rule("(= f (Comp g h)) (isview g) (inspace h sp)", "(inspace f sp)")
     rule("(= f (Comp g h)) (inspace g sp)", "(inspace f sp)")
+    rule("(= f (Comp (Pad l r t) h)) (inspace h sp)", "(inspace f sp)")  # codegen pads on chip in place
     rule("(= f (Map g n)) (inspace g sp)", "(inspace f sp)")
     rule("(= f (Reduce g t)) (inspace g sp)", "(inspace f sp)")
     rule("(= f (Fold g t)) (inspace g sp)", "(inspace f sp)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from egraph_rules.hardware_rules import DeviceOp
-from egraph_rules.ir import Term, nbytes, numel
+from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, ta, ts
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
@@ -104,6 +104,11 @@ ZERO: Cost = (0.0,) * len(UNITS)
 NEVER: Cost = (INF,) * len(UNITS)
 
 
+def _exposed(c: Cost, wait: float) -> Cost:
+    """c plus cycles every unit waits: latency on the critical path adds to the busiest unit."""
+    return tuple(x + wait for x in c)
+
+
 def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
     """A cost that keeps one unit busy and issues some instructions."""
     c = [0.0] * len(UNITS)
@@ -133,19 +138,43 @@ class CycleCost:
 
     def local(self, op: str, args: tuple) -> Cost:
         """The cost of the e-node itself, without its children (NEVER: the target cannot run it)."""
-        if op in self.FREE or op in ("Map", "Reduce", "Fold", "Const"):
+        if op in self.FREE or op in ("Map", "Fold", "Const"):
             return ZERO
+        if op == "Reduce":
+            if nbytes(args[1]) > self.t.result_capacity:
+                return NEVER  # the array reduced is computed on chip, so it must fit where results go
+            return self.reduce_chain(args[1])
         if op == "ToChip":
             return self.load(*args)
         if op in ("ToOutput", "ToDram"):
             if nbytes(args[0]) > self.t.result_capacity:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
-            return _unit_cost("dma", busy, units)
+            # its reader waits for the whole store (and so does the DMA unit that does it)
+            return _exposed(_unit_cost("dma", 0, units), busy + self.t.dram.latency)
         if op == "Dev":
             spec = self.ops.get(args[0])
             return NEVER if spec is None else _unit_cost(spec.unit, spec.occupancy, 1)
         return NEVER
+
+    def reduce_chain(self, t: Term) -> Cost:
+        """What a reduction over an array of type t waits for: every step reads the previous
+        step's result, so its unit waits out the operator's latency beyond the occupancy of the
+        step's own operations. The operator is one of the target's binary ops whose operands
+        tile the element type; the slowest one is assumed."""
+        elem, n = t.args
+        best: tuple[float, str] | None = None
+        for spec in self.t.ops:
+            a = fin(spec.op.meaning)
+            if a.op != "TP" or a.args[0] != a.args[1] or numel(elem) % numel(a.args[0]):
+                continue
+            per_step = numel(elem) // numel(a.args[0])
+            wait = max(0.0, float(spec.latency - per_step * spec.occupancy))
+            if best is None or wait > best[0]:
+                best = (wait, spec.unit)
+        if best is None:
+            return ZERO
+        return _unit_cost(best[1], max(n - 1, 0) * best[0], 0)
 
     def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
         """How many times each F/E child's cost counts in the e-node's cost."""
@@ -170,16 +199,42 @@ class CycleCost:
         return tuple(total)
 
     def load(self, space: str, t: Term) -> Cost:
-        """Moving a value of type t from DRAM into `space`, through the memory it is staged in."""
+        """Moving a value of type t from DRAM into `space`, through the memory it is staged in,
+        and the wait before its reader can start (`wait`)."""
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity:
             return NEVER
+        return _exposed(self.transfers(space, t), self.wait(space, t))
+
+    def transfers(self, space: str, t: Term) -> Cost:
+        """The units kept busy moving a value of type t from DRAM into `space`."""
+        mem = self.t.memories[space]
         if not mem.load_from:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             return _unit_cost("dma", busy, units)
         busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
-        staged = self.load(mem.load_from, t)
+        staged = self.transfers(mem.load_from, t)
         return tuple(a + b for a, b in zip(staged, _unit_cost(mem.loader, busy, units)))
+
+    def wait(self, space: str, t: Term) -> float:
+        """Latency of a load that its own transfers do not cover: the reader of its first unit
+        waits for that unit's latency while the later units are still being moved (a staged
+        unit arrives when its whole staging has)."""
+        mem = self.t.memories[space]
+        if mem.load_from:
+            busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
+            unit = ta(ts(dtype_name(t)), self.unit_elems(space))
+            staged, _ = self.t.transfer_cycles(unit, self.unit_elems(mem.load_from))
+            first = self.latency(mem.load_from) + staged + mem.latency
+        else:
+            busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
+            first = self.t.dram.latency
+        return max(0.0, float(first - (units - 1) * busy / units))
+
+    def latency(self, space: str) -> int:
+        """Cycles from a DRAM read to its data in `space`, through the memories it is staged in."""
+        mem = self.t.memories[space]
+        return mem.latency + self.latency(mem.load_from) if mem.load_from else self.t.dram.latency
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled)."""

@@ -122,7 +122,7 @@ def test_systolic_preloads_weights_from_the_scratchpad_on_the_mesh():
     assert "gm.mesh[" in lines[preload] and "gm.sp[" in lines[preload]
     assert any(line.strip().startswith("mvin") and "gm.sp[" in line for line in lines[:preload])
     # the cost model charges the preload to the mesh: one block per cycle and row
-    assert t.cost_model().load("gm.mesh", T("TA", ta(ts("f32"), 16), 16))[1] == 16
+    assert t.cost_model().transfers("gm.mesh", T("TA", ta(ts("f32"), 16), 16))[1] == 16
 
 
 def test_pair_making_maps_fuse_into_their_consumer():

@@ -1,0 +1,117 @@
+"""Benchmark: how closely the cost model's predicted cycles agree with the simulator's.
+
+Every layer of the DeepBench suites (GEMM, RNN over all its time steps, convolution) and
+AlexNet's convolutions and classifier (benchmarks/deepbench.py), and the per-target benchmark's
+layers (benchmarks/targets.py), on every built-in target, timing-only: the extracted program's
+predicted cycles beside its simulated cycles. It prints every row worst-first (ratio =
+predicted / simulated) and, per target, how many rows are within +-10%, the median and the worst
+|error|; layers a target has no program for are listed apart.
+
+Why: extraction chooses programs by the prediction, so a prediction that drifts from what the
+machine does picks the wrong programs; the simulator is the ground truth.
+
+Usage: python benchmarks/fidelity.py [--targets NAME ...] [--only SUBSTRING ...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+
+from deepbench import layers as deepbench_layers
+from targets import LAYERS as TARGET_LAYERS
+
+from frontend.layers import LayerError
+from hwmodels.codegen import CodegenError
+from liftsat.api import NoProgramError, optimize
+from liftsat.targets import BUILTIN
+
+TOLERANCE = 0.10
+
+
+def suite() -> list[tuple[str, list[str], tuple[int, ...]]]:
+    """(name, layer specs, input shape) of every distinct layer, DeepBench and AlexNet first."""
+    rows = [(n, s, shape) for n, s, shape in deepbench_layers() if shape is not None]
+    rows += [(n, s, shape) for n, s, shape, _ in TARGET_LAYERS]
+    seen: set[tuple[tuple[str, ...], tuple[int, ...]]] = set()
+    out = []
+    for name, specs, shape in rows:
+        key = (tuple(specs), tuple(shape))
+        if key not in seen:
+            seen.add(key)
+            out.append((name, specs, shape))
+    return out
+
+
+def measure(target: str, name: str, specs: list[str], shape: tuple[int, ...]) -> dict:
+    """One layer on one target: predicted and simulated cycles, or why there is no program."""
+    t0 = time.perf_counter()
+    row: dict = {"target": target, "layer": name}
+    try:
+        r = optimize(specs, shape, target, functional=False)
+    except (NoProgramError, LayerError, CodegenError) as exc:
+        row["error"] = str(exc).splitlines()[0]
+    else:
+        row.update(predicted=r.predicted_cycles, simulated=r.cycles, ratio=r.predicted_cycles / r.cycles)
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def error(row: dict) -> float:
+    """|predicted / simulated - 1|."""
+    return abs(row["ratio"] - 1)
+
+
+def report(rows: list[dict], targets: list[str]) -> str:
+    """The worst-first table, the per-target summary and the rows without a program."""
+    done = sorted((r for r in rows if "ratio" in r), key=lambda r: (-error(r), r["target"], r["layer"]))
+    lines = ["| layer | target | predicted | simulated | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {r['layer']} | {r['target']} | {r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f} |"
+              for r in done]
+    lines += ["", "| target | rows | within ±10% | median abs error | worst abs error | worst layer |",
+              "|---|---|---|---|---|---|"]
+    for t in [*targets, "all"]:
+        mine = [r for r in done if t in ("all", r["target"])]
+        if not mine:
+            continue
+        worst = max(mine, key=error)
+        within = sum(error(r) <= TOLERANCE for r in mine)
+        lines.append(f"| {t} | {len(mine)} | {within} | {statistics.median(map(error, mine)):.1%} | "
+                     f"{error(worst):.1%} | {worst['layer']}{'' if t != 'all' else ' on ' + worst['target']} |")
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        lines += ["", "No program (not counted above):", ""]
+        lines += [f"- {r['layer']} on {r['target']}: {r['error']}" for r in failed]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", nargs="+", default=list(BUILTIN), choices=list(BUILTIN), help="targets to run")
+    p.add_argument("--only", nargs="+", metavar="SUBSTRING", help="only layers whose name contains one of these")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    args = p.parse_args()
+    layers = [row for row in suite() if not args.only or any(s in row[0] for s in args.only)]
+    t0 = time.perf_counter()
+    rows = []
+    for name, specs, shape in layers:
+        for target in args.targets:
+            rows.append(measure(target, name, specs, shape))
+            print(f"  {name} on {target}: {rows[-1].get('ratio', rows[-1].get('error'))}", flush=True)
+    wall = time.perf_counter() - t0
+    print(f"\nPredicted vs simulated cycles (timing-only): {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, egglog {importlib.metadata.version('egglog')}\n")
+    print(report(rows, args.targets))
+    print(f"\n{len(rows)} runs in {wall:.0f} s wall-clock (slowest {max(r['seconds'] for r in rows):.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

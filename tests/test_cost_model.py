@@ -1,0 +1,75 @@
+"""The cost model against the simulator: predictions within 10% of simulated cycles on small
+layers on every built-in target, its latency terms from target data, and determinism."""
+
+from __future__ import annotations
+
+import pytest
+
+from egraph_rules.ir import ta, tensor_type, ts
+from liftsat.api import optimize
+from liftsat.targets import BUILTIN, get_target
+
+F32 = ts("f32")
+#: (layers, input shape, targets) whose predicted cycles must be within 10% of the simulated ones
+CASES = [
+    (["MatMul(256, 128)"], (16, 256), tuple(BUILTIN)),
+    (["ReLU()"], (4, 1024), ("brainwave", "cpu", "snowflake")),
+    (["Linear(256, 256)"], (1, 256), ("cpu", "snowflake")),
+    (["Linear(512, 128)", "ReLU()"], (1, 512), ("cpu", "snowflake")),
+]
+
+
+@pytest.mark.parametrize("layers,shape,target", [(c[0], c[1], t) for c in CASES for t in c[2]])
+def test_prediction_within_ten_percent_of_simulation(layers: list[str], shape: tuple[int, ...], target: str) -> None:
+    r = optimize(layers, shape, target, functional=False)
+    assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
+
+
+def test_prediction_is_deterministic() -> None:
+    a = optimize(["Linear(256, 256)"], (4, 256), "vta", functional=False)
+    b = optimize(["Linear(256, 256)"], (4, 256), "vta", functional=False)
+    assert (a.predicted_cycles, a.term, a.cycles) == (b.predicted_cycles, b.term, b.cycles)
+
+
+def test_load_wait_is_the_latency_its_own_transfers_do_not_cover() -> None:
+    cm = get_target("brainwave").cost_model()
+    dram = cm.t.dram
+    one = cm.local("ToChip", ("bw.vrf", ta(F32, 128)))
+    per = 128 * 4 // dram.bandwidth
+    assert one == (per + dram.latency, dram.latency, dram.latency, 1 + dram.latency)
+    eight = cm.local("ToChip", ("bw.vrf", ta(F32, 1024)))
+    assert eight[1] == dram.latency - 7 * per          # seven more vectors hide part of the latency
+    huge = cm.local("ToChip", ("bw.mrf", tensor_type("f32", (1024, 1024))))
+    assert huge[1] == 0                                # 64 tiles hide all of it
+
+
+def test_staged_load_waits_for_its_whole_staging() -> None:
+    cm = get_target("systolic").cost_model()
+    tile = tensor_type("f32", (16, 16))
+    got = cm.local("ToChip", ("gm.mesh", tile))
+    staging = 16 * 16 * 4 // cm.t.dram.bandwidth       # sixteen row moves into the scratchpad
+    assert got[1] == 16 + cm.t.dram.latency + staging  # preload on the mesh's unit, after the staging
+
+
+def test_store_drains_before_its_reader() -> None:
+    cm = get_target("cpu").cost_model()
+    v = ta(F32, 64)
+    busy, units = cm.t.transfer_cycles(v, cm.t.native_dim)
+    assert cm.local("ToOutput", (v,)) == (busy + cm.t.dram.latency,) * 3 + (units + busy + cm.t.dram.latency,)
+
+
+def test_reduction_chain_waits_for_the_operator_latency() -> None:
+    cm = get_target("vta").cost_model()
+    add = cm.ops["vta.add"]
+    got = cm.local("Reduce", (None, ta(ta(F32, 16), 9)))
+    assert got[1] == 8 * (add.latency - add.occupancy)
+    wide = cm.local("Reduce", (None, ta(ta(F32, 16 * 64), 9)))   # 64 independent adds per step hide it
+    assert wide == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_node_is_local_plus_scaled_children() -> None:
+    cm = get_target("snowflake").cost_model()
+    kid = cm.local("Dev", ("sf.max", None, None))
+    args = (None, ta(ta(F32, 16), 5))
+    want = tuple(a + 4 * b for a, b in zip(cm.local("Reduce", args), kid))
+    assert cm.node("Reduce", args, [kid]) == want
