@@ -231,21 +231,44 @@ def _model(layers: list[str | LayerSpec], input_shape: tuple[int, ...], seed: in
     return build_model(specs, tuple(input_shape), seed=seed, values=functional)
 
 
+#: how many of the next cheapest programs are tried when the cheapest does not fit on chip
+FALLBACKS = 8
+
+
 def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, alternatives: int) -> Result:
     """The target's cheapest program from the shared e-graph, generated, simulated and checked;
-    with alternatives > 1, also the next cheapest distinct programs up to that many in all (the
-    extractor's candidates that codegen cannot lay out are listed with the reason instead)."""
+    with alternatives > 1, also the next cheapest distinct programs up to that many in all. The
+    cost model checks capacity on moves, stores and reductions only, so a program may still
+    overflow an on-chip memory in codegen: then the next cheapest that codegen lays out is taken,
+    and the ones it could not are listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     best, seconds = extract(graph, target)
-    result = _measure(model, target, best, graph.stats, seconds, functional)
-    if alternatives > 1:
-        for alt in k_cheapest(graph, graph.roots["root"], target.cost_model(), 2 * alternatives)[1:]:
-            if len(result.alternatives) == alternatives - 1:
+    candidates = iter([best])
+    more = FALLBACKS + 2 * alternatives
+    result, unbuildable = None, []
+    while result is None or len(result.alternatives) < alternatives - 1:
+        try:
+            program = next(candidates)
+        except StopIteration:
+            if more == 0:
                 break
-            try:
-                result.alternatives.append(_measure(model, target, alt, graph.stats, 0.0, functional))
-            except CodegenError as exc:
-                result.unbuildable.append(f"predicted {alt.cycles:.0f} cycles: {exc}")
+            ranked = k_cheapest(graph, graph.roots["root"], target.cost_model(), more)
+            seen = len(unbuildable) + (0 if result is None else 1 + len(result.alternatives))
+            candidates, more = iter(ranked[seen:]), 0
+            continue
+        try:
+            measured = _measure(model, target, program, graph.stats, seconds, functional)
+        except CodegenError as exc:
+            unbuildable.append(f"predicted {program.cycles:.0f} cycles: {exc}")
+            continue
+        if result is None:
+            result = measured
+        else:
+            result.alternatives.append(measured)
+    if result is None:
+        raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
+                           f"the cheapest, {unbuildable[0]}")
+    result.unbuildable = unbuildable
     return result
 
 
