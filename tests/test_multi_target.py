@@ -151,3 +151,26 @@ def test_a_target_without_a_program_is_reported_beside_the_others(capsys):
     code, out, err = cli(["optimize", "Linear(32, 16)", "--input", "1x32", "--target", "brainwave,cpu",
                           "--max-iterations", "1"], capsys)
     assert code == 2 and out == "" and err.startswith("liftsat: error: no target has a program")
+
+
+def test_a_program_that_does_not_fit_gives_way_to_the_next_cheapest(monkeypatch):
+    """The cost model checks capacity on moves, stores and reductions only; when codegen finds the
+    cheapest program overflowing a memory, the next cheapest that fits is generated instead."""
+    import liftsat.api as api
+    from hwmodels.codegen import CapacityError
+
+    first = optimize(["GRUCell(64, 64)"], (1, 64), "brainwave")
+    real = api.generate
+
+    def overflowing(term, target):
+        if term == first.term:
+            raise CapacityError("bw.vrf overflow: the program needs 2 MiB, capacity 1 MiB")
+        return real(term, target)
+
+    monkeypatch.setattr(api, "generate", overflowing)
+    r = optimize(["GRUCell(64, 64)"], (1, 64), "brainwave", alternatives=2)
+    assert r.term != first.term and r.predicted_cycles >= first.predicted_cycles
+    assert r.max_rel_error < 1e-5 and len(r.alternatives) == 1
+    assert r.unbuildable == [f"predicted {first.predicted_cycles:.0f} cycles: bw.vrf overflow: the program needs "
+                             "2 MiB, capacity 1 MiB"]
+    assert r.as_dict()["unbuildable"] == r.unbuildable
