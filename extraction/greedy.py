@@ -67,41 +67,72 @@ class GraphView:
                 self._const[cls] = int(op)
         return self._const[cls]
 
+    def kids(self, nid: str) -> list[str]:
+        """The e-classes of an e-node's F/E children, in order."""
+        node = self.graph.nodes[nid]
+        return [c for s, c in zip(SCHEMA[node["op"]][1], node["children"]) if s in ("F", "E")]
 
-def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
-    """Cheapest term for root (a class id) under the cost model."""
-    view = GraphView(graph)
-    nodes = graph.nodes
-    work = []
-    for nid in sorted(nodes):
-        node = nodes[nid]
+    def term(self, nid: str, kids: list[Term]) -> Term:
+        """The term of an e-node given the terms chosen for its F/E children."""
+        node = self.graph.nodes[nid]
+        it = iter(kids)
+        return Term(node["op"], tuple(next(it) if s in ("F", "E") else self.const(c)
+                                      for s, c in zip(SCHEMA[node["op"]][1], node["children"])))
+
+
+@dataclass(frozen=True)
+class Computation:
+    """An e-node of sort F or E as extraction sees it: constant arguments decoded (None in place
+    of F/E children) and its F/E children's e-classes in order."""
+
+    nid: str
+    op: str
+    args: tuple
+    kids: tuple[str, ...]
+    eclass: str
+
+
+def computations(graph: SaturatedGraph, view: GraphView) -> list[Computation]:
+    """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic)."""
+    out = []
+    for nid in sorted(graph.nodes):
+        node = graph.nodes[nid]
         if node["op"] not in SCHEMA or SCHEMA[node["op"]][0] == "Ty":
             continue
         arg_sorts = SCHEMA[node["op"]][1]
         args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
-        kids = [c for s, c in zip(arg_sorts, node["children"]) if s in ("F", "E")]
-        work.append((nid, node["op"], args, kids, node["eclass"]))
+        out.append(Computation(nid, node["op"], args, tuple(view.kids(nid)), node["eclass"]))
+    return out
+
+
+def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
+    """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost)."""
+    work = computations(graph, view)
     best: dict[str, tuple[float, int, str, Any]] = {}
     changed = True
     while changed:
         changed = False
-        for nid, op, args, kids, cls in work:
-            if any(k not in best for k in kids):
+        for c in work:
+            if any(k not in best for k in c.kids):
                 continue
-            cost = model.node(op, args, [best[k][3] for k in kids])
-            cand = (model.scalar(cost), 1 + sum(best[k][1] for k in kids), nid, cost)
-            if cls not in best or cand[:3] < best[cls][:3]:
-                best[cls] = cand
+            cost = model.node(c.op, c.args, [best[k][3] for k in c.kids])
+            cand = (model.scalar(cost), 1 + sum(best[k][1] for k in c.kids), c.nid, cost)
+            if c.eclass not in best or cand[:3] < best[c.eclass][:3]:
+                best[c.eclass] = cand
                 changed = True
+    return best
+
+
+def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
+    """Cheapest term for root (a class id) under the cost model."""
+    view = GraphView(graph)
+    best = greedy_choice(graph, model, view)
     if root not in best or best[root][0] == INF:
         raise ExtractionError("no program the target can run was found for this layer")
-    return Extracted(_build(root, best, graph, view), best[root][3], best[root][0])
+    return Extracted(build_term(root, best, view), best[root][3], best[root][0])
 
 
-def _build(cls: str, best: dict[str, tuple[float, int, str, Any]], graph: SaturatedGraph, view: GraphView) -> Term:
-    node = graph.nodes[best[cls][2]]
-    arg_sorts = SCHEMA[node["op"]][1]
-    args = tuple(
-        _build(c, best, graph, view) if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"])
-    )
-    return Term(node["op"], args)
+def build_term(cls: str, best: dict[str, tuple[float, int, str, Any]], view: GraphView) -> Term:
+    """The term of class cls with every class taking the e-node `best` chose for it."""
+    nid = best[cls][2]
+    return view.term(nid, [build_term(c, best, view) for c in view.kids(nid)])
