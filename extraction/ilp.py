@@ -59,7 +59,7 @@ MAX_CONTEXTS = 50_000
 TIME_LIMIT = 10.0
 #: the total tie-break cost of picked nodes, in cycles
 TIE_BREAK = 0.25
-#: relative MIP gap at which HiGHS stops (besides an absolute gap of TIE_BREAK cycles)
+#: relative MIP gap at which HiGHS stops (besides the absolute gap ABS_GAP)
 REL_GAP = 1e-7
 #: absolute MIP gap in cycles: with integral cycle costs, a program this close to the bound is optimal
 ABS_GAP = 0.7
@@ -71,14 +71,18 @@ Context = tuple[str, Any, float]
 
 @dataclass
 class IlpExtracted(Extracted):
-    """The ILP's program, its cost with shared sub-terms paid once, and how the search went."""
+    """The ILP's program, its cost (`dag_cost`: shared sub-terms paid once) and cycles, and how
+    the search went."""
 
-    #: "optimal"; "time limit" (the best program found, `gap` from optimal); or "context limit
-    #: (...)": the model was too large to build and this is the greedy program
+    #: "optimal"; "time limit" (the best program found when HiGHS was stopped); "bound gap (...)":
+    #: even the longest input keys merged uses the program keeps apart; "context limit (...)": the
+    #: model was too large to build (the best program so far, at first greedy's)
     status: str
-    #: relative MIP gap of the returned program (0 when optimal)
+    #: (cycles - the lower bound the ILP proved) / cycles; 0 when optimal
     gap: float
+    #: wall-clock seconds, greedy extraction and every ILP attempt included
     seconds: float
+    #: contexts of the last ILP built
     contexts: int
     #: greedy's program with its tree cost
     greedy: Extracted
