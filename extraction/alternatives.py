@@ -15,9 +15,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from egraph_rules.ir import SCHEMA, Term
+from egraph_rules.ir import Term
 from egraph_rules.saturate import SaturatedGraph
-from extraction.greedy import INF, CostModel, Extracted, GraphView, Item, extract_greedy, fixpoint, items
+from extraction.greedy import INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint
 
 @dataclass(frozen=True)
 class _Cand:
@@ -45,22 +45,22 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     best: dict[str, list[_Cand]] = {}
     keys: dict[tuple, int] = {}
 
-    def improve(it: Item) -> bool:
+    def improve(it: Computation) -> bool:
         if any(c not in best for c in it.kids):
             return False
-        merged = _cheapest_per_cost(best.get(it.cls, []) + _combine(it, best, model, width, keys))[:width]
-        if [c.key for c in merged] == [c.key for c in best.get(it.cls, [])]:
+        merged = _cheapest_per_cost(best.get(it.eclass, []) + _combine(it, best, model, width, keys))[:width]
+        if [c.key for c in merged] == [c.key for c in best.get(it.eclass, [])]:
             return False
-        best[it.cls] = merged
+        best[it.eclass] = merged
         return True
 
-    fixpoint(items(graph, view), improve)
+    fixpoint(computations(graph, view), improve)
     head = extract_greedy(graph, root, model)
     rest = [c for c in best.get(root, []) if c.scalar < INF and tuple(c.cost) != tuple(head.cost)]
-    return [head] + [Extracted(_term(c, graph, view), c.cost, c.scalar) for c in rest[: k - 1]]
+    return [head] + [Extracted(_term(c, view), c.cost, c.scalar) for c in rest[: k - 1]]
 
 
-def _combine(it: Item, best: dict[str, list[_Cand]], model: CostModel, width: int, keys: dict[tuple, int]) -> list[_Cand]:
+def _combine(it: Computation, best: dict[str, list[_Cand]], model: CostModel, width: int, keys: dict[tuple, int]) -> list[_Cand]:
     """The node's `width` cheapest candidates: choices of child candidates explored best-first
     from (0, 0, ...). `keys` numbers distinct
     terms (an e-node and its children's numbers), so comparing candidates is cheap."""
@@ -99,9 +99,5 @@ def _estimate(lists: list[list[_Cand]], idx: tuple[int, ...]) -> tuple:
     return (sum(c.scalar for c in chosen), sum(c.size for c in chosen), idx)
 
 
-def _term(c: _Cand, graph: SaturatedGraph, view: GraphView) -> Term:
-    node = graph.nodes[c.node]
-    kids = iter(c.kids)
-    args = tuple(_term(next(kids), graph, view) if s in ("F", "E") else view.const(a)
-                 for s, a in zip(SCHEMA[node["op"]][1], node["children"]))
-    return Term(node["op"], args)
+def _term(c: _Cand, view: GraphView) -> Term:
+    return view.term(c.node, [_term(k, view) for k in c.kids])

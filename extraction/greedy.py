@@ -1,8 +1,9 @@
 """Greedy bottom-up extraction over the serialized e-graph with a target's cost model.
 
 Every e-node of sort F or E gets cost(op, constant arguments, costs of its F/E children); an
-e-class costs its cheapest e-node. Fixpoint passes make the result independent of node order;
-ties go to the smaller term, then to the node id, so extraction is deterministic.
+e-class costs its cheapest e-node. An e-node is visited again whenever a child class improves,
+until none does (a least fixpoint, independent of visiting order); ties go to the smaller term,
+then to the node id, so extraction is deterministic.
 """
 
 from __future__ import annotations
@@ -69,21 +70,33 @@ class GraphView:
                 self._const[cls] = int(op)
         return self._const[cls]
 
+    def kids(self, nid: str) -> list[str]:
+        """The e-classes of an e-node's F/E children, in order."""
+        node = self.graph.nodes[nid]
+        return [c for s, c in zip(SCHEMA[node["op"]][1], node["children"]) if s in ("F", "E")]
+
+    def term(self, nid: str, kids: list[Term]) -> Term:
+        """The term of an e-node given the terms chosen for its F/E children."""
+        node = self.graph.nodes[nid]
+        it = iter(kids)
+        return Term(node["op"], tuple(next(it) if s in ("F", "E") else self.const(c)
+                                      for s, c in zip(SCHEMA[node["op"]][1], node["children"])))
+
 
 @dataclass(frozen=True)
-class Item:
-    """An e-node as extraction sees it: id, op, constant arguments (None for F/E children), the
-    F/E child classes, and its own class."""
+class Computation:
+    """An e-node of sort F or E as extraction sees it: constant arguments decoded (None in place
+    of F/E children) and its F/E children's e-classes in order."""
 
     nid: str
     op: str
     args: tuple
     kids: tuple[str, ...]
-    cls: str
+    eclass: str
 
 
-def items(graph: SaturatedGraph, view: GraphView) -> list[Item]:
-    """The e-nodes of sort F or E (the computations), in id order."""
+def computations(graph: SaturatedGraph, view: GraphView) -> list[Computation]:
+    """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic)."""
     out = []
     for nid in sorted(graph.nodes):
         node = graph.nodes[nid]
@@ -91,56 +104,58 @@ def items(graph: SaturatedGraph, view: GraphView) -> list[Item]:
             continue
         arg_sorts = SCHEMA[node["op"]][1]
         args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
-        kids = tuple(c for s, c in zip(arg_sorts, node["children"]) if s in ("F", "E"))
-        out.append(Item(nid, node["op"], args, kids, node["eclass"]))
+        out.append(Computation(nid, node["op"], args, tuple(view.kids(nid)), node["eclass"]))
     return out
 
 
-def fixpoint(work: list[Item], improve: Callable[[Item], bool]) -> None:
+def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) -> None:
     """Visit every e-node, and again each time one of its child classes improves, until none
     does; `improve` updates the node's class from it and says whether the class changed. Nodes
     are visited in list order whenever several wait, so the result does not depend on timing."""
     users: dict[str, list[int]] = {}
-    for n, it in enumerate(work):
-        for c in set(it.kids):
-            users.setdefault(c, []).append(n)
+    for n, c in enumerate(work):
+        for k in set(c.kids):
+            users.setdefault(k, []).append(n)
     todo = list(range(len(work)))
     queued = set(todo)
     while todo:
         n = heapq.heappop(todo)
         queued.discard(n)
         if improve(work[n]):
-            for u in users.get(work[n].cls, []):
+            for u in users.get(work[n].eclass, []):
                 if u not in queued:
                     queued.add(u)
                     heapq.heappush(todo, u)
 
 
+def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
+    """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost)."""
+    best: dict[str, tuple[float, int, str, Any]] = {}
+
+    def improve(c: Computation) -> bool:
+        if any(k not in best for k in c.kids):
+            return False
+        cost = model.node(c.op, c.args, [best[k][3] for k in c.kids])
+        cand = (model.scalar(cost), 1 + sum(best[k][1] for k in c.kids), c.nid, cost)
+        if c.eclass in best and cand[:3] >= best[c.eclass][:3]:
+            return False
+        best[c.eclass] = cand
+        return True
+
+    fixpoint(computations(graph, view), improve)
+    return best
+
+
 def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
     """Cheapest term for root (a class id) under the cost model."""
     view = GraphView(graph)
-    best: dict[str, tuple[float, int, str, Any]] = {}
-
-    def improve(it: Item) -> bool:
-        if any(k not in best for k in it.kids):
-            return False
-        cost = model.node(it.op, it.args, [best[k][3] for k in it.kids])
-        cand = (model.scalar(cost), 1 + sum(best[k][1] for k in it.kids), it.nid, cost)
-        if it.cls in best and cand[:3] >= best[it.cls][:3]:
-            return False
-        best[it.cls] = cand
-        return True
-
-    fixpoint(items(graph, view), improve)
+    best = greedy_choice(graph, model, view)
     if root not in best or best[root][0] == INF:
         raise ExtractionError("no program the target can run was found for this layer")
-    return Extracted(_build(root, best, graph, view), best[root][3], best[root][0])
+    return Extracted(build_term(root, best, view), best[root][3], best[root][0])
 
 
-def _build(cls: str, best: dict[str, tuple[float, int, str, Any]], graph: SaturatedGraph, view: GraphView) -> Term:
-    node = graph.nodes[best[cls][2]]
-    arg_sorts = SCHEMA[node["op"]][1]
-    args = tuple(
-        _build(c, best, graph, view) if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"])
-    )
-    return Term(node["op"], args)
+def build_term(cls: str, best: dict[str, tuple[float, int, str, Any]], view: GraphView) -> Term:
+    """The term of class cls with every class taking the e-node `best` chose for it."""
+    nid = best[cls][2]
+    return view.term(nid, [build_term(c, best, view) for c in view.kids(nid)])

@@ -1,0 +1,101 @@
+"""Benchmark: greedy against ILP extraction, on the layers of the targets benchmark on every
+built-in target, plus a GRU cell (where the program uses sub-terms twice).
+
+For each layer and target the e-graph is saturated once, then both extractors run on it. The
+table gives greedy's seconds and predicted cycles (its tree cost, and its program costed with
+shared sub-terms paid once, as code generation runs it), the ILP's seconds and predicted cycles
+(with sharing), the ILP's improvement over greedy's program, its status and gap, and the
+contexts its model had. Rows run without values (the cost model needs none).
+
+Why: the ILP is exact over shared sub-terms within its time limit; this shows what that is
+worth over greedy, and what it costs in time.
+
+Usage: python benchmarks/extractors.py [--targets NAME ...] [--layers N ...] [--time-limit S] [--json PATH]
+(`--layers 0 1 3 4 5 11`, every layer but the full-size GEMM and AlexNet convolutions, took about
+8 minutes on every target on a 2-core machine shared with other jobs.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import time
+
+from targets import LAYERS  # this script runs with benchmarks/ on sys.path
+from egraph_rules.saturate import Budget, Saturator
+from extraction.greedy import ExtractionError, extract_greedy
+from extraction.ilp import TIME_LIMIT, extract_ilp
+from frontend.layers import build_model, parse_layer
+from liftsat.api import rules_for
+from liftsat.targets import BUILTIN, get_target
+
+#: the targets benchmark's layers (name, layers, input shape), and a GRU cell whose gates share
+ROWS: list[tuple[str, list[str], tuple[int, ...]]] = [(name, layers, shape) for name, layers, shape, _ in LAYERS] + [
+    ("GRUCell 64->32, batch 1", ["GRUCell(64, 32)"], (1, 64))]
+
+
+def run(target: str, name: str, layers: list[str], shape: tuple[int, ...], time_limit: float) -> dict:
+    """Saturate one layer for one target, extract with both; its row."""
+    tgt = get_target(target)
+    model = build_model([parse_layer(s) for s in layers], shape, values=False)
+    sat = Saturator(rules_for([tgt]))
+    sat.add("root", model.term)
+    graph = sat.serialize({"root": model.term}, sat.run(Budget()))
+    row = {"target": target, "layer": name, "enodes": graph.stats.enodes}
+    t0 = time.perf_counter()
+    try:
+        greedy = extract_greedy(graph, graph.roots["root"], tgt.cost_model())
+    except ExtractionError as exc:
+        return {**row, "error": str(exc)}
+    row["greedy_seconds"] = time.perf_counter() - t0
+    r = extract_ilp(graph, graph.roots["root"], tgt.cost_model(), time_limit=time_limit)
+    assert r.greedy.term == greedy.term
+    return {**row, "greedy_cycles": greedy.cycles, "greedy_dag_cycles": r.greedy_dag_cycles,
+            "ilp_seconds": r.seconds, "ilp_cycles": r.cycles, "status": r.status, "gap": r.gap,
+            "contexts": r.contexts}
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| layer | target | e-nodes | greedy s | greedy cycles (tree) | greedy cycles (shared) | ILP s | "
+             "ILP cycles | improvement | ILP status (gap) | contexts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['layer']} | {r['target']} | {r['enodes']} | {r['error']} | | | | | | | |")
+            continue
+        better = 1 - r["ilp_cycles"] / r["greedy_dag_cycles"] if r["greedy_dag_cycles"] else 0.0
+        gap = "" if r["status"] == "optimal" else f" ({r['gap']:.1%})"
+        lines.append(f"| {r['layer']} | {r['target']} | {r['enodes']} | {r['greedy_seconds']:.3f} | "
+                     f"{r['greedy_cycles']:.0f} | {r['greedy_dag_cycles']:.0f} | {r['ilp_seconds']:.2f} | "
+                     f"{r['ilp_cycles']:.0f} | {better:.1%} | {r['status']}{gap} | {r['contexts']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", nargs="+", default=list(BUILTIN), choices=list(BUILTIN), help="targets to run")
+    p.add_argument("--layers", nargs="+", type=int, default=list(range(len(ROWS))),
+                   help="row numbers of the layers to run: " + "; ".join(f"{i} {r[0]}" for i, r in enumerate(ROWS)))
+    p.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="ILP seconds per row")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    args = p.parse_args()
+    rows = []
+    for i in args.layers:
+        for t in args.targets:
+            rows.append(run(t, *ROWS[i], args.time_limit))
+            print(f"{ROWS[i][0]} on {t}: done", flush=True)
+    print(f"\nGreedy and ILP extraction: {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"egglog {importlib.metadata.version('egglog')}, highspy {importlib.metadata.version('highspy')}, "
+          f"ILP time limit {args.time_limit} s\n")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

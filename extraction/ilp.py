@@ -1,0 +1,412 @@
+"""Extraction by integer linear programming (HiGHS, through highspy): a sub-term the program
+applies twice to the same value is paid once, as code generation compiles it once.
+
+The cost model is linear (an e-node costs its `local` vector plus each F/E child's cost times
+the node's `scales` factor), so a program's cost is a sum over the places its e-nodes are used.
+A *context* is such a place: (e-class, input key, multiplicity). The multiplicity is the product
+of the scales above (loop trip counts; 0 under Const, computed once at setup). The input key
+names the value the function is applied to as code generation's `apply(f, v)` sees it: a Fork's
+branches and a composition's first stage see their parent's input; a composition's second stage
+sees the first stage's result, a loop body an element, an App's function its value, each keyed
+by that source and the parent's key. Values (E) have no input, and all of a multiplicity-0
+context costs nothing, so those are one context per e-class. `dag_cost` prices a term this way
+with full keys: the cost the ILP's result and greedy's are compared on.
+
+Full keys cannot be enumerated over an e-graph (one path per way of reaching an e-class: more
+than 400,000 contexts for a 64 x 32 Linear), so the ILP keeps only the `depth` latest sources of
+a key (2, then 3 and 4 while the program found costs more than the ILP counted: short keys can
+merge uses of a generic combinator on different values). Binary x[node, context] picks at most
+one e-node per context, the root context exactly one, and a picked node needs a pick in each of
+its child contexts. The objective is z ≥ Σ multiplicity × w_u × local_u × x for every cost
+component u: the model's `scalar` must be a weighted max of the components (checked:
+`scalar(c) = max_u w_u c_u` with w_u = scalar(unit vector u); if `scalar` changes form, this
+objective must too). Valid cuts z ≥ Σ multiplicity × lower bound × x (per context) make the LP
+bound useful. A tiny cost per pick (TIE_BREAK cycles in all) sends ties to smaller programs.
+
+What the search leaves out, to stay finite and fast, keeps greedy's program feasible: an e-node
+whose child is in its own strongly connected component of e-classes is kept only when that
+child comes earlier in the order (greedy term size, e-class id), so no e-class ever contains
+itself (cycles such as C = Comp(Id, C) are forbidden) and the context graph is acyclic; an
+e-class with a program of zero cost only takes zero-cost programs; e-nodes whose lower bound
+times multiplicity exceeds greedy's cost are dropped, and multiplicities beyond greedy's cost
+over the cheapest node's cost keep zero-cost nodes only. HiGHS runs single-threaded with a
+fixed seed and starts from the greedy program; the result is never dearer than greedy's
+program counted the same way, which is never dearer than greedy's tree cost. "optimal" means
+the program's full-key cost is within a cycle of the ILP's proven bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import highspy
+import networkx as nx
+import numpy as np
+
+from egraph_rules.ir import SCHEMA, Term
+from egraph_rules.saturate import SaturatedGraph
+from extraction.greedy import (Computation, CostModel, Extracted, ExtractionError, GraphView, build_term,
+                               computations, greedy_choice)
+
+INF = math.inf
+#: contexts beyond which no ILP is built (the greedy program is returned, and the status says why)
+MAX_CONTEXTS = 50_000
+#: seconds HiGHS may search by default
+TIME_LIMIT = 10.0
+#: the total tie-break cost of picked nodes, in cycles
+TIE_BREAK = 0.25
+#: relative MIP gap at which HiGHS stops (besides the absolute gap ABS_GAP)
+REL_GAP = 1e-7
+#: absolute MIP gap in cycles: with integral cycle costs, a program this close to the bound is optimal
+ABS_GAP = 0.7
+#: how many latest sources input keys keep, tried in turn (see the module docstring)
+KEY_DEPTHS = (2, 3, 4)
+
+Context = tuple[str, Any, float]
+
+
+@dataclass
+class IlpExtracted(Extracted):
+    """The ILP's program, its cost (`dag_cost`: shared sub-terms paid once) and cycles, and how
+    the search went."""
+
+    #: "optimal"; "time limit" (the best program found when HiGHS was stopped); "bound gap (...)":
+    #: even the longest input keys merged uses the program keeps apart; "context limit (...)": the
+    #: model was too large to build (the best program so far, at first greedy's)
+    status: str
+    #: (cycles - the lower bound the ILP proved) / cycles; 0 when optimal
+    gap: float
+    #: wall-clock seconds, greedy extraction and every ILP attempt included
+    seconds: float
+    #: contexts of the last ILP built
+    contexts: int
+    #: greedy's program with its tree cost
+    greedy: Extracted
+    #: greedy's program costed as this one is (shared sub-terms paid once)
+    greedy_dag_cycles: float
+
+
+def _child_context(op: str, i: int, sort: str, key: tuple, m: float, scale: float, tag: Any,
+                   depth: int | None) -> tuple[tuple, float]:
+    """The input key and multiplicity at which the i-th F/E child (of sort `sort`) of an e-node
+    used at (key, m) is used; `tag` names where its input comes from (see `_tag`); keys keep
+    their `depth` latest tags (all with None)."""
+    m2 = 0.0 if scale == 0 else m * scale
+    if m2 == 0 or sort == "E":
+        return (), m2
+    if op == "Fork" or (op == "Comp" and i == 1):
+        return key, m2
+    return ((tag,) + key)[:depth], m2
+
+
+def _tag(op: str, i: int, kids: tuple, parent: Any) -> Any:
+    """What the i-th child's input is made by: the first stage for a composition's second stage,
+    the value for an App's function, the e-node itself for a loop body."""
+    return kids[1] if op in ("Comp", "App") and i == 0 else ("in", parent)
+
+
+def _kid_sorts(op: str) -> list[str]:
+    return [s for s in SCHEMA[op][1] if s in ("F", "E")]
+
+
+def dag_cost(term: Term, model: CostModel) -> tuple[float, ...]:
+    """The cost of a program term with every sub-term applied twice to the same value (the same
+    sub-term, the same input as code generation sees it, the same multiplicity) paid once;
+    all-INF when the target cannot run some part of it."""
+    ids: dict[str, int] = {}
+    seen: set[tuple[int, tuple, float]] = set()
+    total: list[float] | None = None
+    stack: list[tuple[Term, tuple, float]] = [(term, (), 1.0)]
+    while stack:
+        t, key, m = stack.pop()
+        ident = ids.setdefault(t.sexpr, len(ids))
+        if (ident, key, m) in seen:
+            continue
+        seen.add((ident, key, m))
+        sorts = SCHEMA[t.op][1]
+        args = tuple(None if s in ("F", "E") else a for s, a in zip(sorts, t.args))
+        kids = tuple(a for s, a in zip(sorts, t.args) if s in ("F", "E"))
+        local = model.local(t.op, args)
+        if INF in local:
+            return (INF,) * len(local)
+        total = [m * x for x in local] if total is None else [a + m * x for a, x in zip(total, local)]
+        kid_ids = tuple(ids.setdefault(k.sexpr, len(ids)) for k in kids)
+        for i, (kid, scale) in enumerate(zip(kids, model.scales(t.op, args, len(kids)))):
+            tag = _tag(t.op, i, kid_ids, ident)
+            stack.append((kid, *_child_context(t.op, i, kid.sort, key, m, scale, tag, None)))
+    return tuple(total or ())
+
+
+def unit_weights(model: CostModel, n: int) -> tuple[float, ...]:
+    """w_u such that model.scalar(c) = max_u w_u c_u, the form the ILP's objective needs; an
+    ExtractionError when the model's scalar is not of that form on probe vectors."""
+    w = tuple(float(model.scalar(tuple(1.0 if j == i else 0.0 for j in range(n)))) for i in range(n))
+    probes = [tuple(float(j + 1) for j in range(n)), tuple(float(n - j) for j in range(n)), (1.0,) * n]
+    for p in probes:
+        if not math.isclose(model.scalar(p), max(a * b for a, b in zip(w, p)), rel_tol=1e-9):
+            raise ExtractionError("the ILP extractor needs the cost model's scalar to be a weighted max over "
+                                  "its cost components; this model's is not")
+    return w
+
+
+class _Model:
+    """The contexts reachable from the root, the e-nodes each may pick, and the ILP over them."""
+
+    def __init__(self, graph: SaturatedGraph, root: str, model: CostModel, view: GraphView,
+                 greedy: dict[str, tuple], bound: float, depth: int, max_contexts: int):
+        self.model, self.view = model, view
+        self.local: dict[str, tuple[float, ...]] = {}
+        self.scales: dict[str, tuple[float, ...]] = {}
+        self.by_class: dict[str, list[Computation]] = {}
+        for c in computations(graph, view):
+            local = model.local(c.op, c.args)
+            if INF in local or c.eclass in c.kids:
+                continue
+            self.local[c.nid] = local
+            self.scales[c.nid] = model.scales(c.op, c.args, len(c.kids))
+            self.by_class.setdefault(c.eclass, []).append(c)
+        self._keep_order(greedy)
+        self.lower, self.free = self._lower_bounds()
+        self.bound = bound * (1 + 1e-9)
+        positive = [model.scalar(v) for v in self.local.values() if model.scalar(v) > 0]
+        self.cap = self.bound / min(positive) if positive else INF
+        self.root: Context = (root, (), 1.0)
+        #: (context, e-node, child contexts) for every e-node a context may pick
+        self.options: list[tuple[Context, Computation, tuple[Context, ...]]] = []
+        self.overflow = not self._enumerate(depth, max_contexts)
+
+    def _keep_order(self, greedy: dict[str, tuple]) -> None:
+        """Keep only the e-nodes whose children inside their own strongly connected component of
+        e-classes come earlier in the order (greedy term size, e-class id): no program can then
+        hold an e-class inside itself, and every greedy e-node stays."""
+        edges = nx.DiGraph()
+        edges.add_edges_from((c.eclass, k) for cs in self.by_class.values() for c in cs for k in c.kids)
+        scc = {cls: i for i, comp in enumerate(nx.strongly_connected_components(edges)) for cls in comp}
+
+        def rank(cls: str) -> tuple[float, str]:
+            return (greedy[cls][1] if cls in greedy else INF, cls)
+
+        for cls, cs in self.by_class.items():
+            cs[:] = [c for c in cs if all(scc[k] != scc[cls] or rank(k) < rank(cls) for k in c.kids)]
+
+    def _lower_bounds(self) -> tuple[dict[str, float], set[str]]:
+        """A lower bound of the cycles of any program rooted at each e-node, sharing counted; and
+        the e-classes that have a program of no cost. Per component: a composition's stages see
+        different inputs and add up, a Fork's branches may share (the larger counts), a loop
+        scales its body; an e-class takes the least of its e-nodes in each component."""
+        best: dict[str, tuple[float, ...]] = {}
+        low: dict[str, float] = {}
+        changed = True
+        while changed:
+            changed = False
+            for cls, cs in self.by_class.items():
+                for c in cs:
+                    if any(k not in best for k in c.kids):
+                        continue
+                    vec = list(self.local[c.nid])
+                    parts = [[s * x for x in best[k]] for k, s in zip(c.kids, self.scales[c.nid]) if s]
+                    if c.op == "Fork":
+                        parts = [[max(xs) for xs in zip(*parts)]]
+                    for part in parts:
+                        vec = [a + b for a, b in zip(vec, part)]
+                    low[c.nid] = self.model.scalar(tuple(vec))
+                    old = best.get(cls)
+                    new = tuple(vec) if old is None else tuple(min(a, b) for a, b in zip(old, vec))
+                    if new != old:
+                        best[cls] = new
+                        changed = True
+        return low, {cls for cls, v in best.items() if self.model.scalar(v) == 0}
+
+    def _usable(self, c: Computation, m: float) -> bool:
+        """Whether e-node c can be part of a program no dearer than the bound at multiplicity m."""
+        if c.nid not in self.lower:
+            return False
+        if m == INF:
+            return self.lower[c.nid] == 0
+        return m * self.lower[c.nid] <= self.bound
+
+    def _enumerate(self, depth: int, max_contexts: int) -> bool:
+        """Breadth-first from the root; False when there are more than max_contexts contexts."""
+        seen = {self.root}
+        queue = deque([self.root])
+        while queue:
+            ctx = queue.popleft()
+            cls, key, m = ctx
+            for c in self.by_class.get(cls, []):
+                if not self._usable(c, m):
+                    continue
+                kids = []
+                for i, (kid, sort, scale) in enumerate(zip(c.kids, _kid_sorts(c.op), self.scales[c.nid])):
+                    k2, m2 = _child_context(c.op, i, sort, key, m, scale, _tag(c.op, i, c.kids, c.eclass), depth)
+                    if m2 > self.cap or (m2 and kid in self.free):
+                        k2, m2 = (), INF
+                    kids.append((kid, k2, m2))
+                    if kids[-1] not in seen:
+                        seen.add(kids[-1])
+                        queue.append(kids[-1])
+                self.options.append((ctx, c, tuple(kids)))
+            if len(seen) > max_contexts:
+                return False
+        return True
+
+    def prune(self) -> set[Context]:
+        """Drop options with a child context that can pick nothing, to a fixpoint, and those not
+        reachable from the root; the contexts left."""
+        live = self.options
+        while True:
+            has = {ctx for ctx, _, _ in live}
+            kept = [o for o in live if all(k in has for k in o[2])]
+            if len(kept) == len(live):
+                break
+            live = kept
+        by_ctx: dict[Context, list[int]] = {}
+        for j, (ctx, _, _) in enumerate(live):
+            by_ctx.setdefault(ctx, []).append(j)
+        reach, stack = set(), [self.root] if self.root in by_ctx else []
+        while stack:
+            ctx = stack.pop()
+            if ctx in reach:
+                continue
+            reach.add(ctx)
+            stack += [k for j in by_ctx[ctx] for k in live[j][2]]
+        self.options = [o for o in live if o[0] in reach]
+        return reach
+
+    def solve(self, weights: tuple[float, ...], start: dict[str, tuple],
+              time_limit: float) -> tuple[list[int], bool, float]:
+        """Build and run the ILP, warm-started from the choice `start` (e-class -> greedy's entry):
+        the options picked (none when HiGHS found no program in time), whether HiGHS proved its
+        optimum, and the lower bound it proved for the cycles."""
+        opts = self.options
+        ctx_rows: dict[Context, list[int]] = {}
+        for j, (ctx, _, _) in enumerate(opts):
+            ctx_rows.setdefault(ctx, []).append(j)
+        nx_ = z = len(opts)
+        ncol = nx_ + 1
+        lower = np.zeros(ncol)
+        upper = np.ones(ncol)
+        upper[z] = highspy.kHighsInf
+        cost = np.zeros(ncol)
+        cost[:nx_] = TIE_BREAK / max(nx_, 1)
+        cost[z] = 1.0
+        rows: list[tuple[float, float, list[int], list[float]]] = []
+        for ctx, js in ctx_rows.items():
+            rows.append((1.0 if ctx == self.root else -highspy.kHighsInf, 1.0, js, [1.0] * len(js)))
+            bounds = [(j, ctx[2] * self.lower[opts[j][1].nid]) for j in js if ctx[2] not in (0, INF)]
+            if any(v for _, v in bounds):  # whatever it picks here, the program costs at least that
+                rows.append((-highspy.kHighsInf, 0.0, [j for j, _ in bounds] + [z], [v for _, v in bounds] + [-1.0]))
+        for j, (_, _, kids) in enumerate(opts):
+            for k in dict.fromkeys(kids):
+                rows.append((-highspy.kHighsInf, 0.0, [j, *ctx_rows[k]], [1.0] + [-1.0] * len(ctx_rows[k])))
+        for ui, w in enumerate(weights):
+            coef = [(j, ctx[2] * w * self.local[c.nid][ui]) for j, (ctx, c, _) in enumerate(opts)
+                    if ctx[2] != INF and self.local[c.nid][ui] != 0]
+            coef = [(j, v) for j, v in coef if v != 0]
+            if coef:
+                rows.append((-highspy.kHighsInf, 0.0, [j for j, _ in coef] + [z], [v for _, v in coef] + [-1.0]))
+        h = highspy.Highs()
+        for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("time_limit", time_limit),
+                            ("mip_rel_gap", REL_GAP), ("mip_abs_gap", ABS_GAP)):
+            h.setOptionValue(name, value)
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = ncol, len(rows)
+        lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, upper
+        lp.row_lower_ = np.array([r[0] for r in rows])
+        lp.row_upper_ = np.array([r[1] for r in rows])
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+        lp.a_matrix_.start_ = np.cumsum([0] + [len(r[2]) for r in rows])
+        lp.a_matrix_.index_ = np.array([i for r in rows for i in r[2]], dtype=np.int32)
+        lp.a_matrix_.value_ = np.array([v for r in rows for v in r[3]])
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * nx_ + [highspy.HighsVarType.kContinuous]
+        h.passModel(lp)
+        h.setSolution(self._start(start, weights, ctx_rows))
+        h.run()
+        status, info = h.getModelStatus(), h.getInfo()
+        if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+            raise ExtractionError(f"HiGHS stopped with status {h.modelStatusToString(status)}")
+        bound = max(0.0, float(info.mip_dual_bound) - TIE_BREAK)
+        if info.primal_solution_status != 2:  # no feasible solution in time
+            return [], False, bound
+        x = h.getSolution().col_value
+        return [j for j in range(nx_) if x[j] > 0.5], status == highspy.HighsModelStatus.kOptimal, bound
+
+    def _start(self, start: dict[str, tuple], weights: tuple[float, ...],
+               ctx_rows: dict[Context, list[int]]) -> highspy.HighsSolution:
+        """The greedy program as a solution of the ILP."""
+        val = np.zeros(len(self.options) + 1)
+        stack, seen = [self.root], set()
+        while stack:
+            ctx = stack.pop()
+            if ctx in seen:
+                continue
+            seen.add(ctx)
+            j = next(j for j in ctx_rows[ctx] if self.options[j][1].nid == start[ctx[0]][2])
+            val[j] = 1.0
+            stack += self.options[j][2]
+        totals = np.zeros(len(weights))
+        for j in np.flatnonzero(val[:-1]):
+            ctx, c, _ = self.options[j]
+            if ctx[2] != INF:
+                totals += ctx[2] * np.array(self.local[c.nid])
+        val[-1] = max(w * v for w, v in zip(weights, totals))
+        sol = highspy.HighsSolution()
+        sol.col_value = list(val)
+        sol.value_valid = True
+        return sol
+
+    def term(self, picked: list[int]) -> Term:
+        """The program the picked options spell, from the root (where a context picked more
+        than one e-node, the first)."""
+        choice: dict[Context, int] = {}
+        for j in picked:
+            choice.setdefault(self.options[j][0], j)
+
+        def build(ctx: Context) -> Term:
+            _, c, kids = self.options[choice[ctx]]
+            return self.view.term(c.nid, [build(k) for k in kids])
+
+        return build(self.root)
+
+
+def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: float = TIME_LIMIT,
+                max_contexts: int = MAX_CONTEXTS) -> IlpExtracted:
+    """The program of the root e-class (a class id) cheapest with shared sub-terms paid once,
+    by ILP under a time limit in seconds (for all attempts together), warm-started from the
+    greedy program. Input keys get longer (KEY_DEPTHS) while the program found costs more than
+    the ILP counted; beyond max_contexts contexts the best program so far (at first, greedy's)
+    is returned with the reason as its status."""
+    t0 = time.perf_counter()
+    view = GraphView(graph)
+    best = greedy_choice(graph, model, view)
+    if root not in best or best[root][0] == INF:
+        raise ExtractionError("no program the target can run was found for this layer")
+    greedy = Extracted(build_term(root, best, view), best[root][3], best[root][0])
+    greedy_dag = dag_cost(greedy.term, model)
+    weights = unit_weights(model, len(greedy_dag))
+    term, cost, status, gap, contexts = greedy.term, greedy_dag, "", 0.0, 0
+    for depth in KEY_DEPTHS:
+        ilp = _Model(graph, root, model, view, best, model.scalar(greedy_dag), depth, max_contexts)
+        if ilp.overflow:
+            status = f"context limit (more than {max_contexts} contexts with input keys of depth {depth})"
+            break
+        contexts = len(ilp.prune())
+        picked, proved, bound = ilp.solve(weights, best, max(time_limit - (time.perf_counter() - t0), 0.0))
+        found = ilp.term(picked) if picked else greedy.term
+        found_cost = dag_cost(found, model)
+        if model.scalar(found_cost) < model.scalar(cost):
+            term, cost = found, found_cost
+        cycles = model.scalar(cost)
+        gap = max(cycles - bound, 0.0) / cycles if cycles > 0 else 0.0
+        if not proved:
+            status = "time limit"
+            break
+        if cycles - bound <= max(ABS_GAP + TIE_BREAK, REL_GAP * cycles):
+            status, gap = "optimal", 0.0
+            break
+        status = f"bound gap (input keys of depth {depth} merge uses the program keeps apart)"
+    return IlpExtracted(term, cost, model.scalar(cost), status, gap, time.perf_counter() - t0, contexts, greedy,
+                        model.scalar(greedy_dag))
