@@ -16,6 +16,7 @@ from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationStats
 from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
+from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
 from frontend.layers import LayerSpec, Model, build_model, parse_layer
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Program
@@ -106,6 +107,8 @@ class Result:
     alternatives: list[Result] = field(default_factory=list, repr=False)
     #: alternatives the extractor found that codegen could not lay out, and why
     unbuildable: list[str] = field(default_factory=list)
+    #: how extraction went: the extractor, and for the ILP its status, gap and greedy's cycles
+    extraction: dict = field(default_factory=lambda: {"extractor": "greedy"})
 
     @property
     def listing(self) -> str:
@@ -127,6 +130,7 @@ class Result:
             "max_rel_error": None if math.isnan(self.max_rel_error) else self.max_rel_error,
             "egraph": self.egraph.as_dict(),
             "extract_seconds": round(self.extract_seconds, 4),
+            "extraction": self.extraction,
             "instructions": self.instructions,
             "dynamic_instructions": self.dynamic_instructions,
             "ops": self.ops,
@@ -175,13 +179,24 @@ class SharedEGraph:
         with self.sat.extended(target_rules(target)):
             return self.sat.serialize({"root": self.term}, self.sat.run(self.budget, after=self.stats))
 
-def extract(graph: SaturatedGraph, target: Target) -> tuple[Extracted, float]:
-    """The target's cheapest program in a saturated e-graph and the seconds extraction took;
-    NoProgramError (saying whether saturation had finished) when the target can run none."""
+#: the extractors `optimize` offers
+EXTRACTORS = ("greedy", "ilp")
+
+
+def extract(graph: SaturatedGraph, target: Target, extractor: str = "greedy",
+            time_limit: float = TIME_LIMIT) -> tuple[Extracted, float]:
+    """The target's cheapest program in a saturated e-graph (greedy, or exact by ILP within the
+    time limit) and the seconds extraction took; NoProgramError (saying whether saturation had
+    finished) when the target can run none."""
+    if extractor not in EXTRACTORS:
+        raise ValueError(f"unknown extractor {extractor!r}; extractors: {', '.join(EXTRACTORS)}")
     stats = graph.stats
     t0 = time.perf_counter()
     try:
-        best = extract_greedy(graph, graph.roots["root"], target.cost_model())
+        if extractor == "ilp":
+            best = extract_ilp(graph, graph.roots["root"], target.cost_model(), time_limit)
+        else:
+            best = extract_greedy(graph, graph.roots["root"], target.cost_model())
     except ExtractionError as exc:
         if stats.saturated:
             raise NoProgramError(f"{exc} on {target.name}: the rules cover no device program for it, or its "
@@ -197,6 +212,13 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
     graph = SharedEGraph(term, budget).saturate(target)
     best, seconds = extract(graph, target)
     return graph.stats, best, seconds
+
+
+def _predicted(term: Term, target: Target) -> float:
+    """The cost model's cycles for a program as code generation compiles it: a sub-term applied
+    twice to the same value is compiled, and paid for, once."""
+    model = target.cost_model()
+    return model.scalar(dag_cost(term, model))
 
 
 def _measure(model: Model, target: Target, best: Extracted, stats: SaturationStats, extract_seconds: float,
@@ -218,7 +240,7 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
     return Result(
         target=target.name, layers=[str(s) for s in model.layers], input_shape=model.input_shape,
         output_shape=model.output_shape, cycles=timing.cycles, setup_cycles=timing.setup_cycles,
-        predicted_cycles=best.cycles, roofline_cycles=roof, efficiency=roof / timing.cycles,
+        predicted_cycles=_predicted(best.term, target), roofline_cycles=roof, efficiency=roof / timing.cycles,
         max_abs_error=abs_err, max_rel_error=rel_err, egraph=stats,
         extract_seconds=extract_seconds, instructions=program.static_count(),
         dynamic_instructions=program.dynamic_count(), ops=program.histogram(),
@@ -235,27 +257,29 @@ def _model(layers: list[str | LayerSpec], input_shape: tuple[int, ...], seed: in
 FALLBACKS = 8
 
 
-def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, alternatives: int) -> Result:
+def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, alternatives: int,
+         extractor: str, time_limit: float) -> Result:
     """The target's cheapest program from the shared e-graph, generated, simulated and checked;
     with alternatives > 1, also the next cheapest distinct programs up to that many in all. The
     cost model checks capacity on moves, stores and reductions only, so a program may still
     overflow an on-chip memory in codegen: then the next cheapest that codegen lays out is taken,
     and the ones it could not are listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
-    best, seconds = extract(graph, target)
+    best, seconds = extract(graph, target, extractor, time_limit)
+    tried = {best.term}
     candidates = iter([best])
-    more = FALLBACKS + 2 * alternatives
+    ranked_more = True
     result, unbuildable = None, []
     while result is None or len(result.alternatives) < alternatives - 1:
-        try:
-            program = next(candidates)
-        except StopIteration:
-            if more == 0:
+        program = next(candidates, None)
+        if program is None:
+            if not ranked_more:
                 break
-            ranked = k_cheapest(graph, graph.roots["root"], target.cost_model(), more)
-            seen = len(unbuildable) + (0 if result is None else 1 + len(result.alternatives))
-            candidates, more = iter(ranked[seen:]), 0
+            ranked = k_cheapest(graph, graph.roots["root"], target.cost_model(), FALLBACKS + 2 * alternatives)
+            candidates = iter([c for c in ranked if c.term not in tried])
+            ranked_more = False
             continue
+        tried.add(program.term)
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
@@ -269,18 +293,24 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
         raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
                            f"the cheapest, {unbuildable[0]}")
     result.unbuildable = unbuildable
+    if isinstance(best, IlpExtracted):
+        result.extraction = {"extractor": "ilp", "status": best.status, "gap": round(best.gap, 6),
+                             "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
+                             "greedy_shared_cycles": best.greedy_dag_cycles}
     return result
 
 
 def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target: str | Target = "brainwave",
              *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
-             functional: bool = True, alternatives: int = 1) -> Result:
+             functional: bool = True, alternatives: int = 1, extractor: str = "greedy",
+             time_limit: float = TIME_LIMIT) -> Result:
     """Compile a layer stack for a target by equality saturation, simulate it, check it. With
     functional=False there are no values: only timing-only simulation runs (any size), and the
-    errors are NaN. alternatives=K also gives the K-1 next cheapest distinct programs."""
+    errors are NaN. alternatives=K also gives the K-1 next cheapest distinct programs;
+    extractor="ilp" extracts by ILP (shared sub-terms paid once) within time_limit seconds."""
     tgt = target if isinstance(target, Target) else get_target(target, native_dim)
     model = _model(layers, input_shape, seed, functional)
-    return _run(SharedEGraph(model.term, budget), model, tgt, functional, alternatives)
+    return _run(SharedEGraph(model.term, budget), model, tgt, functional, alternatives, extractor, time_limit)
 
 
 @dataclass
@@ -308,7 +338,8 @@ class Comparison:
 
 def optimize_targets(layers: list[str | LayerSpec], input_shape: tuple[int, ...], targets: list[str | Target],
                      *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
-                     functional: bool = True, alternatives: int = 1) -> Comparison:
+                     functional: bool = True, alternatives: int = 1, extractor: str = "greedy",
+                     time_limit: float = TIME_LIMIT) -> Comparison:
     """Compile a layer stack for several targets at once: saturate one e-graph with the common
     rules, then grow, extract, generate and simulate each target's cheapest program from it. A
     target with no program is reported in `failures` with the reason; the others still run."""
@@ -318,7 +349,7 @@ def optimize_targets(layers: list[str | LayerSpec], input_shape: tuple[int, ...]
     results, failures = [], {}
     for t in tgts:
         try:
-            results.append(_run(shared, model, t, functional, alternatives))
+            results.append(_run(shared, model, t, functional, alternatives, extractor, time_limit))
         except NoProgramError as exc:
             failures[t.name] = str(exc)
     return Comparison([str(s) for s in model.layers], model.input_shape, shared.stats, results, failures)

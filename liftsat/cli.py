@@ -16,7 +16,7 @@ from extraction.greedy import ExtractionError
 from frontend.layers import LayerError, parse_shape
 from hwmodels.codegen import CodegenError
 from hwmodels.simulator import SimulationError
-from liftsat.api import Comparison, optimize, optimize_targets
+from liftsat.api import EXTRACTORS, TIME_LIMIT, Comparison, optimize, optimize_targets
 from liftsat.rule_table import rule_rows
 from liftsat.targets import BUILTIN, TargetError, get_target, get_targets, summary
 
@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulate without data (any size; output not checked against numpy)")
     o.add_argument("--alternatives", type=_positive, default=1, metavar="K",
                    help="also generate and simulate the next cheapest distinct programs, K in all (default 1)")
+    o.add_argument("--extractor", choices=EXTRACTORS, default="greedy",
+                   help="greedy (default), or ilp: exact with shared sub-terms paid once (HiGHS), warm-started "
+                        "from greedy")
+    o.add_argument("--ilp-time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
+                   help=f"time limit of the ILP extractor (default {TIME_LIMIT:g} s); when it stops the search, the "
+                        f"best program found and the optimality gap are reported")
     o.add_argument("--max-nodes", type=int, default=Budget.nodes, help="e-node budget of saturation")
     o.add_argument("--max-iterations", type=int, default=Budget.iterations, help="iteration budget")
     o.add_argument("--max-seconds", type=float, default=Budget.seconds, help="time budget of saturation")
@@ -89,6 +95,15 @@ def _alternatives(r) -> list[str]:
     return lines
 
 
+def _ilp(x: dict) -> str:
+    """The ILP's outcome for the summary line (nothing for greedy)."""
+    if x["extractor"] != "ilp":
+        return ""
+    gap = "" if x["status"] == "optimal" else f", gap {x['gap']:.1%}"
+    return (f" (ILP: {x['status']}{gap}; greedy's program {x['greedy_cycles']:.0f} predicted, "
+            f"{x['greedy_shared_cycles']:.0f} with shared sub-terms paid once)")
+
+
 def _summary(r) -> str:
     e = r.egraph
     stop = "saturated" if e.saturated else f"stopped: {e.stop_reason}; best program found so far"
@@ -101,7 +116,7 @@ def _summary(r) -> str:
         f"  accuracy      max abs error {r.max_abs_error:.2e}, max rel error {r.max_rel_error:.2e} vs numpy"
         if r.output is not None else "  accuracy      not checked (timing-only simulation)",
         f"  e-graph       {e.enodes} e-nodes, {e.eclasses} e-classes, {e.iterations} iterations, {stop}, "
-        f"{e.seconds:.2f} s; extraction {r.extract_seconds:.2f} s",
+        f"{e.seconds:.2f} s; extraction {r.extract_seconds:.2f} s{_ilp(r.extraction)}",
         f"  program       {r.instructions} instructions, {r.dynamic_instructions} executed: {ops}",
         *_alternatives(r),
     ])
@@ -126,12 +141,14 @@ def _optimize(args: argparse.Namespace) -> str:
     targets = get_targets(args.target, args.native_dim)
     if len(targets) == 1 and args.target != "all":
         result = optimize(args.layers, shape, targets[0], seed=args.seed, budget=budget,
-                          functional=not args.timing_only, alternatives=args.alternatives)
+                          functional=not args.timing_only, alternatives=args.alternatives,
+                          extractor=args.extractor, time_limit=args.ilp_time_limit)
         if args.json:
             return json.dumps(result.as_dict(), indent=2)
         return result.listing if args.listing else _summary(result)
     comparison = optimize_targets(args.layers, shape, targets, seed=args.seed, budget=budget,
-                                  functional=not args.timing_only, alternatives=args.alternatives)
+                                  functional=not args.timing_only, alternatives=args.alternatives,
+                          extractor=args.extractor, time_limit=args.ilp_time_limit)
     if not comparison.results:
         raise ExtractionError("no target has a program: " + "; ".join(comparison.failures.values()))
     if args.json:

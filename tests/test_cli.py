@@ -207,3 +207,16 @@ def test_console_error_exit_status():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("liftsat: error: ")
+
+
+def test_ilp_extractor_from_the_command_line(capsys):
+    code, out, err = cli(["optimize", "GRUCell(16, 16)", "--input", "1x16", "--native-dim", "32", "--extractor", "ilp",
+                          "--json"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    x = d["extraction"]
+    assert x["extractor"] == "ilp" and x["status"] in ("optimal", "time limit") and 0 <= x["gap"] < 1
+    assert d["predicted_cycles"] <= x["greedy_shared_cycles"] <= x["greedy_cycles"]
+    assert d["max_rel_error"] < 1e-5
+    code, out, err = cli(["optimize", "Linear(8, 4)", "--input", "1x8", "--extractor", "exact"], capsys)
+    assert code == 2 and "invalid choice: 'exact'" in err
