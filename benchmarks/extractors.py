@@ -25,11 +25,10 @@ import platform
 import time
 
 from targets import LAYERS  # this script runs with benchmarks/ on sys.path
-from egraph_rules.saturate import Budget, Saturator
 from extraction.greedy import ExtractionError, extract_greedy
 from extraction.ilp import TIME_LIMIT, extract_ilp
 from frontend.layers import build_model, parse_layer
-from liftsat.api import rules_for
+from liftsat.api import SharedEGraph
 from liftsat.targets import BUILTIN, get_target
 
 #: the targets benchmark's layers (name, layers, input shape), and a GRU cell whose gates share
@@ -41,9 +40,7 @@ def run(target: str, name: str, layers: list[str], shape: tuple[int, ...], time_
     """Saturate one layer for one target, extract with both; its row."""
     tgt = get_target(target)
     model = build_model([parse_layer(s) for s in layers], shape, values=False)
-    sat = Saturator(rules_for([tgt]))
-    sat.add("root", model.term)
-    graph = sat.serialize({"root": model.term}, sat.run(Budget()))
+    graph = SharedEGraph(model.term).saturate(tgt)
     row = {"target": target, "layer": name, "enodes": graph.stats.enodes}
     t0 = time.perf_counter()
     try:

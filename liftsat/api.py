@@ -260,7 +260,9 @@ FALLBACKS = 8
 def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, alternatives: int,
          extractor: str, time_limit: float) -> Result:
     """The target's cheapest program from the shared e-graph, generated, simulated and checked;
-    with alternatives > 1, also the next cheapest distinct programs up to that many in all. The
+    with alternatives > 1, also the next cheapest distinct programs up to that many in all (found
+    by k-best extraction, reported in order of predicted cycles with shared sub-terms paid once,
+    which the k-best ranking by tree cost only approximates). The
     cost model checks capacity on moves, stores and reductions only, so a program may still
     overflow an on-chip memory in codegen: then the next cheapest that codegen lays out is taken,
     and the ones it could not are listed in `unbuildable` with the reason."""
@@ -283,7 +285,7 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
-            unbuildable.append(f"predicted {program.cycles:.0f} cycles: {exc}")
+            unbuildable.append(f"predicted {_predicted(program.term, target):.0f} cycles: {exc}")
             continue
         if result is None:
             result = measured
@@ -293,6 +295,7 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
         raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
                            f"the cheapest, {unbuildable[0]}")
     result.unbuildable = unbuildable
+    result.alternatives.sort(key=lambda a: a.predicted_cycles)
     if isinstance(best, IlpExtracted):
         result.extraction = {"extractor": "ilp", "status": best.status, "gap": round(best.gap, 6),
                              "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
