@@ -12,6 +12,8 @@ are no empty maps to remove.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from egraph_rules.ir import ASSOC_COMM_OPS, T, Term, tensor_type, tp
 from egraph_rules.rule_examples import mat, pick, vec
 from egraph_rules.rules import Rule, chain_rewrites, rewrite
@@ -153,17 +155,20 @@ def _tiled(tile: int) -> list[Rule]:
         op = ASSOC_COMM_OPS[pick(rng, 0, len(ASSOC_COMM_OPS) - 1)]
         return T("Reduce", T(op, tp(vec(p), vec(p))), T("TA", vec(p), N * pick(rng, 2, 3)))
 
-    def by_op(lhs: str, rhs: str) -> tuple[str, ...]:
-        return tuple(rewrite(lhs.format(op=op), rhs.format(op=op), A, [f"(= 0 (% n {N}))", f"(> n {N})"])
-                     for op in ASSOC_COMM_OPS)
-
     def ex_slide(rng):
         k, s = pick(rng, 1, 3), pick(rng, 1, 2)
         windows = N * pick(rng, 2, 3)
         return T("Slide", k, s, vec((windows - 1) * s + k + pick(rng, 0, s - 1)))
 
-    red = "(Reduce ({op} (TP t t)) (TA t {len}))"
-    ops = ", ".join(ASSOC_COMM_OPS)
+    def red(op: str, length: str | int) -> str:
+        return f"(Reduce ({op} (TP t t)) (TA t {length}))"
+
+    def reduction(name: str, rhs: Callable[[str], str], needs: str, doc: str) -> Rule:
+        """One rewrite per associative and commutative operator, for lengths of several tiles."""
+        text = tuple(rewrite(red(op, "n"), rhs(op), A, [f"(= 0 (% n {N}))", f"(> n {N})"]) for op in ASSOC_COMM_OPS)
+        return Rule(f"{name}/{N}", A, text, f"operator {needs} ({', '.join(ASSOC_COMM_OPS)}); length divisible by "
+                    f"the tile size {N}, longer than it", doc, ex_reduce)
+
     count = "(+ 1 (/ (- n k) s))"
     span = f"(+ (* {N} s) (- k s))"
     return [
@@ -173,20 +178,16 @@ def _tiled(tile: int) -> list[Rule]:
             A, [f"(= 0 (% n {N}))", f"(> n {N})", "(= a (fin f))", "(= b (fout f))"]),),
              f"length divisible by the tile size {N}, longer than it",
              f"Map f = Join . Map (Map f) . Split {N}: Lift's splitJoin, tiles of a native size", ex_msj),
-        Rule(f"partial-reduce-split/{N}", A, by_op(
-            red.format(op="{op}", len="n"),
-            f"(Comp {red.format(op='{op}', len=f'(/ n {N})')} (Comp (Map {red.format(op='{op}', len=N)} (/ n {N})) "
-            f"(Split {N} (TA t n))))"),
-             f"operator associative ({ops}); length divisible by the tile size {N}, longer than it",
-             f"Reduce f = Reduce f . Map (Reduce f) . Split {N}: partial reductions of {N} consecutive "
-             f"elements, then their results (Lift's partialReduce and partialReduceSplitJoin)", ex_reduce),
-        Rule(f"reduce-reorder-stride/{N}", A, by_op(
-            red.format(op="{op}", len="n"),
-            f"(Comp {red.format(op='{op}', len=N)} (Comp (Map {red.format(op='{op}', len=f'(/ n {N})')} {N}) "
-            f"(Comp (Transpose (TA (TA t {N}) (/ n {N}))) (Split {N} (TA t n)))))"),
-             f"operator associative and commutative ({ops}); length divisible by the tile size {N}, longer than it",
-             f"Reduce f = Reduce f . Map (Reduce f) . Transpose . Split {N}: {N} partial reductions of the "
-             f"elements {N} apart (Lift's partialReduceReorder with ReorderWithStride {N})", ex_reduce),
+        reduction("partial-reduce-split",
+                  lambda op: f"(Comp {red(op, f'(/ n {N})')} (Comp (Map {red(op, N)} (/ n {N})) (Split {N} (TA t n))))",
+                  "associative", f"Reduce f = Reduce f . Map (Reduce f) . Split {N}: partial reductions of {N} "
+                  f"consecutive elements, then their results (Lift's partialReduce and partialReduceSplitJoin)"),
+        reduction("reduce-reorder-stride",
+                  lambda op: f"(Comp {red(op, N)} (Comp (Map {red(op, f'(/ n {N})')} {N}) "
+                             f"(Comp (Transpose (TA (TA t {N}) (/ n {N}))) (Split {N} (TA t n)))))",
+                  "associative and commutative", f"Reduce f = Reduce f . Map (Reduce f) . Transpose . Split {N}: "
+                  f"{N} partial reductions of the elements {N} apart (Lift's partialReduceReorder with "
+                  f"ReorderWithStride {N})"),
         Rule(f"slide-tiling/{N}", A, (rewrite(
             "(Slide k s (TA e n))",
             f"(Comp (Join (TA (TA (TA e k) {N}) (/ {count} {N}))) (Comp (Map (Slide k s (TA e {span})) (/ {count} {N})) "
