@@ -130,8 +130,11 @@ def _zips() -> list[Rule]:
              "k divides the length (the Split's own condition)",
              "Split k . Zip = Map Zip . Zip . (Split k x Split k): Lift's splitIntoZip", ex_sz),
         Rule("join-through-zip", A, chain_rewrites(
-            ["(Zip (TP (TA a km) (TA b km)))", "(Fork (Comp (Join (TA (TA a k) m)) f) (Comp (Join (TA (TA b k) m)) g))"],
-            ["(Join (TA (TA (TP a b) k) m))", "(Map (Zip (TP (TA a k) (TA b k))) m)", f"(Zip {pjoin})", "(Fork f g)"], A),
+            ["(Zip zt)", "(Fork (Comp (Join (TA (TA a k) m)) f) (Comp (Join (TA (TA b k2) m2)) g))"],
+            ["(Join (TA (TA (TP a b) k) m))", "(Map (Zip (TP (TA a k) (TA b k))) m)", f"(Zip {pjoin})", "(Fork f g)"], A,
+            # lengths compared after matching: shared type variables across the branches make
+            # egglog's join slow (seconds on a convolution's e-graph)
+            ["(= k k2)", "(= m m2)"]),
              "both operands are joined from rows of the same length",
              "Zip . (Join x Join) = Join . Map Zip . Zip: Lift's joinFromZip", ex_jz),
         Rule("join-map-swap", A, chain_rewrites(
