@@ -56,10 +56,6 @@ def _transposes() -> list[Rule]:
         n, k, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
         return T("Comp", T("Transpose", mat(k * n, m)), T("Join", tensor_type("f32", (n, k, m))))
 
-    def ex_interchange(rng):
-        p, n, m = pick(rng, 1, 3), pick(rng, 1, 4), pick(rng, 1, 4)
-        return T("Map", T("Reduce", T("VVSub", tp(vec(p), vec(p))), T("TA", vec(p), n)), m)
-
     mm = "(Map (Map f n) m)"
     return [
         Rule("transpose-transpose", A, chain_rewrites(
@@ -91,12 +87,6 @@ def _transposes() -> list[Rule]:
             A), "none",
              "Transpose . Join = Map Join . Transpose . Map Transpose: a transpose moves inside a flattening",
              ex_tj),
-        Rule("map-reduce-interchange", A, (rewrite(
-            "(Map (Reduce f (TA e n)) m)",
-            "(Comp (Reduce (Comp (Map f m) (Zip (TP (TA e m) (TA e m)))) (TA (TA e m) n)) (Transpose (TA (TA e n) m)))",
-            A),), "none (each column is reduced in the same order, so any operator)",
-             "Map (Reduce f) = Reduce (Map f . Zip) . Transpose: m reductions become one reduction of "
-             "m-element rows (Lift's mapReduceInterchange)", ex_interchange),
     ]
 
 
@@ -150,8 +140,9 @@ def _zips() -> list[Rule]:
 def _tiled(tile: int) -> list[Rule]:
     N = tile
 
-    def ex_msj(rng):
-        return T("Map", T("Pad", 0, 1, vec(pick(rng, 1, 3))), N * pick(rng, 2, 3))
+    def ex_interchange(rng):
+        p, n = pick(rng, 1, 3), pick(rng, 1, 4)
+        return T("Map", T("Reduce", T("VVSub", tp(vec(p), vec(p))), T("TA", vec(p), n)), N)
 
     def ex_reduce(rng):
         p = pick(rng, 1, 3)
@@ -168,19 +159,15 @@ def _tiled(tile: int) -> list[Rule]:
 
     def reduction(name: str, rhs: Callable[[str], str], needs: str, doc: str) -> Rule:
         """One rewrite per associative and commutative operator, for lengths of several tiles."""
-        text = tuple(rewrite(red(op, "n"), rhs(op), A, [f"(= 0 (% n {N}))", f"(> n {N})"]) for op in ASSOC_COMM_OPS)
+        text = tuple(rewrite(red(op, "n"), rhs(op), A, [f"(= 0 (% n {N}))", f"(> n {N})", f"(<= n {N * N})"])
+                     for op in ASSOC_COMM_OPS)
         return Rule(f"{name}/{N}", A, text, f"operator {needs} ({', '.join(ASSOC_COMM_OPS)}); length divisible by "
-                    f"the tile size {N}, longer than it", doc, ex_reduce)
+                    f"the tile size {N}, longer than it and at most {N}^2 (one level of partial reductions: "
+                    f"recursive splits with the interchange grew GEMMs' partial sums five-fold)", doc, ex_reduce)
 
     count = "(+ 1 (/ (- n k) s))"
     span = f"(+ (* {N} s) (- k s))"
     return [
-        Rule(f"map-split-join/{N}", A, (rewrite(
-            "(Map f n)",
-            f"(Comp (Join (TA (TA b {N}) (/ n {N}))) (Comp (Map (Map f {N}) (/ n {N})) (Split {N} (TA a n))))",
-            A, [f"(= 0 (% n {N}))", f"(> n {N})", "(= a (fin f))", "(= b (fout f))"]),),
-             f"length divisible by the tile size {N}, longer than it",
-             f"Map f = Join . Map (Map f) . Split {N}: Lift's splitJoin, tiles of a native size", ex_msj),
         reduction("partial-reduce-split",
                   lambda op: f"(Comp {red(op, f'(/ n {N})')} (Comp (Map {red(op, N)} (/ n {N})) (Split {N} (TA t n))))",
                   "associative", f"Reduce f = Reduce f . Map (Reduce f) . Split {N}: partial reductions of {N} "
@@ -191,6 +178,14 @@ def _tiled(tile: int) -> list[Rule]:
                   "associative and commutative", f"Reduce f = Reduce f . Map (Reduce f) . Transpose . Split {N}: "
                   f"{N} partial reductions of the elements {N} apart (Lift's partialReduceReorder with "
                   f"ReorderWithStride {N})"),
+        Rule(f"map-reduce-interchange/{N}", A, (rewrite(
+            f"(Map (Reduce f (TA e n)) {N})",
+            f"(Comp (Reduce (Comp (Map f {N}) (Zip (TP (TA e {N}) (TA e {N})))) (TA (TA e {N}) n)) "
+            f"(Transpose (TA (TA e n) {N})))", A),),
+             f"the map has the tile size {N} (any operator: each column is reduced in the same order)",
+             f"Map (Reduce f) = Reduce (Map f . Zip) . Transpose: {N} reductions become one reduction of "
+             f"{N}-element rows, a native-width vector operation (Lift's mapReduceInterchange; after "
+             f"reduce-reorder-stride, the vectorized reduction)", ex_interchange),
         Rule(f"slide-tiling/{N}", A, (rewrite(
             "(Slide k s (TA e n))",
             f"(Comp (Join (TA (TA (TA e k) {N}) (/ {count} {N}))) (Comp (Map (Slide k s (TA e {span})) (/ {count} {N})) "

@@ -55,10 +55,14 @@ def test_slide_tiling_needs_whole_tiles_of_windows():
     assert not fired(run(partial), f"slide-tiling/{N}")
 
 
-def test_reduction_chain_saturates_with_log_many_levels():
-    """Reduce over N^3 splits into levels of N (consecutive and strided) and stops there."""
-    stats = run(reduce_of("VVAdd", N ** 3))
+def test_reductions_split_one_level_only():
+    """A reduction of up to N^2 elements splits into N-element partial reductions (consecutive
+    and strided, interchanged into a vector reduction) and saturates; a longer one is left whole."""
+    stats = run(reduce_of("VVAdd", N * N))
     assert stats.saturated, stats.stop_reason
+    assert fired(stats, f"map-reduce-interchange/{N}")
+    long = run(reduce_of("VVAdd", N ** 3))
+    assert not fired(long, f"partial-reduce-split/{N}") and not fired(long, f"reduce-reorder-stride/{N}")
 
 
 def test_layout_algebra_saturates_on_a_convolution_layout():
@@ -76,4 +80,4 @@ def test_layout_algebra_saturates_on_a_convolution_layout():
 def test_size_free_rules_do_not_depend_on_tile_sizes():
     names = lambda tiles: {r.name for r in lift_algebra_rules(tiles) if "/" not in r.name}  # noqa: E731
     assert names((4,)) == names((8, 128))
-    assert {r.name for r in lift_algebra_rules((4, 8))} >= {f"map-split-join/{n}" for n in (4, 8)}
+    assert {r.name for r in lift_algebra_rules((4, 8))} >= {f"slide-tiling/{n}" for n in (4, 8)}
