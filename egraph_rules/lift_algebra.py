@@ -163,7 +163,7 @@ def _tiled(tile: int) -> list[Rule]:
                      for op in ASSOC_COMM_OPS)
         return Rule(f"{name}/{N}", A, text, f"operator {needs} ({', '.join(ASSOC_COMM_OPS)}); length divisible by "
                     f"the tile size {N}, longer than it and at most {N}^2 (one level of partial reductions: "
-                    f"recursive splits with the interchange grew GEMMs' partial sums five-fold)", doc, ex_reduce)
+                    f"recursive splits with the interchange grew a GEMM's e-graph six-fold)", doc, ex_reduce)
 
     count = "(+ 1 (/ (- n k) s))"
     span = f"(+ (* {N} s) (- k s))"
