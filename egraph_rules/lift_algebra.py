@@ -7,7 +7,9 @@ bounded. Lift rules with no counterpart here: Gather/Scatter (and ReorderWithStr
 function) do not exist in this IR, so the strided reorder is written with Split, Transpose and
 Join; Reduce has no initial value and the IR no sequential reduce, so reduceMapFusion (to
 ReduceSeq) and partialReduceToReduce have nothing to rewrite to; lengths are positive, so there
-are no empty maps to remove.
+are no empty maps to remove. Lift's splitTranspose and mapSplitTranspose are sound here but
+not in the set: with Transpose . Transpose = Id they grew a GEMM's e-graph from 4,567 to over
+40,000 e-nodes, and one saturation step took minutes.
 """
 
 from __future__ import annotations
@@ -44,14 +46,6 @@ def _transposes() -> list[Rule]:
         n, m, p = pick(rng, 1, 4), pick(rng, 1, 4), pick(rng, 1, 3)
         return T("Comp", T("Transpose", _arr(vec(p + 1), n, m)), T("Map", T("Map", T("Pad", 0, 1, vec(p)), m), n))
 
-    def ex_st(rng):
-        n, k, q = pick(rng, 1, 4), pick(rng, 1, 3), pick(rng, 1, 3)
-        return T("Comp", T("Split", k, mat(k * q, n)), T("Transpose", mat(n, k * q)))
-
-    def ex_mst(rng):
-        m, k, q = pick(rng, 1, 4), pick(rng, 1, 3), pick(rng, 1, 3)
-        return T("Comp", T("Map", T("Split", k, vec(k * q)), m), T("Transpose", mat(k * q, m)))
-
     def ex_tj(rng):
         n, k, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
         return T("Comp", T("Transpose", mat(k * n, m)), T("Join", tensor_type("f32", (n, k, m))))
@@ -69,18 +63,6 @@ def _transposes() -> list[Rule]:
              "none (point-free: the inner map's function does not see the outer element)",
              "Map(Map f) . Transpose = Transpose . Map(Map f), both ways: Lift's mapMapInterchange (which loop is "
              "outside)", ex_mm, ex_mm_back),
-        Rule("split-transpose", A, chain_rewrites(
-            ["(Split k (TA (TA e n) m))", "(Transpose (TA (TA e m) n))"],
-            ["(Map (Transpose (TA (TA e k) n)) (/ m k))", "(Transpose (TA (TA (TA e k) (/ m k)) n))",
-             "(Map (Split k (TA e m)) n)"], A),
-             "k divides the transposed rows' length (the Split's own condition)",
-             "Split k . Transpose = Map Transpose . Transpose . Map (Split k): Lift's splitTranspose", ex_st),
-        Rule("map-split-transpose", A, chain_rewrites(
-            ["(Map (Split k (TA e n)) m)", "(Transpose (TA (TA e m) n))"],
-            ["(Transpose (TA (TA (TA e k) m) (/ n k)))", "(Map (Transpose (TA (TA e m) k)) (/ n k))",
-             "(Split k (TA (TA e m) n))"], A),
-             "k divides the rows' length (the Split's own condition)",
-             "Map (Split k) . Transpose = Transpose . Map Transpose . Split k: Lift's mapSplitTranspose", ex_mst),
         Rule("transpose-join", A, chain_rewrites(
             ["(Transpose (TA (TA e m) kn))", "(Join (TA (TA (TA e m) k) n))"],
             ["(Map (Join (TA (TA e k) n)) m)", "(Transpose (TA (TA (TA e k) m) n))", "(Map (Transpose (TA (TA e m) k)) n)"],
