@@ -6,30 +6,13 @@ so saturation stays bounded (splitting never recurses below a native size).
 
 from __future__ import annotations
 
-import numpy as np
-
-from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
+from egraph_rules.ir import T, Term, comp, tp
+from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
+from egraph_rules.rule_examples import mat, pick, var, vec
 from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite
 
-F32 = ts("f32")
 #: how many stages a loop body may run after a move for the move to be hoisted out of the loop
 HOIST_DEPTH = 3
-
-
-def _v(n: int) -> Term:
-    return ta(F32, n)
-
-
-def _m(n: int, k: int) -> Term:
-    return tensor_type("f32", (n, k))
-
-
-def _var(name: str, t: Term) -> Term:
-    return T("Var", name, t)
-
-
-def _pick(rng: np.random.Generator, lo: int, hi: int) -> int:
-    return int(rng.integers(lo, hi + 1))
 
 
 # ---------------------------------------------------------------- structural identities
@@ -37,70 +20,70 @@ def _pick(rng: np.random.Generator, lo: int, hi: int) -> int:
 
 def _structural() -> list[Rule]:
     def ex_assoc(rng):
-        n = _pick(rng, 1, 6)
-        return T("Comp", T("Comp", T("VVRelu", _v(n)), T("VVTanh", _v(n))), T("VVSigm", _v(n)))
+        n = pick(rng, 1, 6)
+        return T("Comp", T("Comp", T("VVRelu", vec(n)), T("VVTanh", vec(n))), T("VVSigm", vec(n)))
 
     def ex_fork_dist(rng):
-        n = _pick(rng, 1, 6)
-        return T("Comp", T("Fork", T("VVRelu", _v(n)), T("VVTanh", _v(n))), T("VVSigm", _v(n)))
+        n = pick(rng, 1, 6)
+        return T("Comp", T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))), T("VVSigm", vec(n)))
 
     def ex_fst(rng):
-        n = _pick(rng, 1, 6)
-        return T("Comp", T("Fst", tp(_v(n), _v(n))), T("Fork", T("VVRelu", _v(n)), T("Id", _v(n))))
+        n = pick(rng, 1, 6)
+        return T("Comp", T("Fst", tp(vec(n), vec(n))), T("Fork", T("VVRelu", vec(n)), T("Id", vec(n))))
 
     def ex_snd(rng):
-        n = _pick(rng, 1, 6)
-        return T("Comp", T("Snd", tp(_v(n), _v(n))), T("Fork", T("VVRelu", _v(n)), T("VVTanh", _v(n))))
+        n = pick(rng, 1, 6)
+        return T("Comp", T("Snd", tp(vec(n), vec(n))), T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))))
 
     def ex_id_left(rng):
-        n = _pick(rng, 1, 6)
-        return T("Comp", T("Id", _v(n)), T("VVRelu", _v(n)))
+        n = pick(rng, 1, 6)
+        return T("Comp", T("Id", vec(n)), T("VVRelu", vec(n)))
 
     def ex_id_right(rng):
-        n = _pick(rng, 1, 6)
-        return T("Comp", T("VVRelu", _v(n)), T("Id", _v(n)))
+        n = pick(rng, 1, 6)
+        return T("Comp", T("VVRelu", vec(n)), T("Id", vec(n)))
 
     def ex_fork_id(rng):
-        n = _pick(rng, 1, 6)
-        return T("Fork", T("Fst", tp(_v(n), _v(n + 1))), T("Snd", tp(_v(n), _v(n + 1))))
+        n = pick(rng, 1, 6)
+        return T("Fork", T("Fst", tp(vec(n), vec(n + 1))), T("Snd", tp(vec(n), vec(n + 1))))
 
     def ex_map_id(rng):
-        return T("Map", T("Id", _v(_pick(rng, 1, 4))), _pick(rng, 1, 4))
+        return T("Map", T("Id", vec(pick(rng, 1, 4))), pick(rng, 1, 4))
 
     def ex_split_join(rng):
-        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("Split", k, _v(k * m)), T("Join", _m(m, k)))
+        k, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("Split", k, vec(k * m)), T("Join", mat(m, k)))
 
     def ex_join_split(rng):
-        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("Join", _m(m, k)), T("Split", k, _v(k * m)))
+        k, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("Join", mat(m, k)), T("Split", k, vec(k * m)))
 
     def ex_app_comp(rng):
-        n = _pick(rng, 1, 5)
-        return T("App", T("VVRelu", _v(n)), T("App", T("VVTanh", _v(n)), _var("x", _v(n))))
+        n = pick(rng, 1, 5)
+        return T("App", T("VVRelu", vec(n)), T("App", T("VVTanh", vec(n)), var("x", vec(n))))
 
     def ex_app_id(rng):
-        return T("App", T("Id", _v(3)), _var("x", _v(3)))
+        return T("App", T("Id", vec(3)), var("x", vec(3)))
 
     def ex_map_fusion(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("Map", T("VVRelu", _v(n)), m), T("Map", T("VVTanh", _v(n)), m))
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("Map", T("VVRelu", vec(n)), m), T("Map", T("VVTanh", vec(n)), m))
 
     def ex_fold(rng):
-        n, k = _pick(rng, 1, 4), _pick(rng, 1, 3)
-        return T("Comp", T("Split", k, _v(n * k)), T("Const", _var("W", _v(n * k)), _v(2)))
+        n, k = pick(rng, 1, 4), pick(rng, 1, 3)
+        return T("Comp", T("Split", k, vec(n * k)), T("Const", var("W", vec(n * k)), vec(2)))
 
     def ex_fold_pad(rng):
-        n = _pick(rng, 1, 5)
-        return T("Comp", T("Pad", 0, _pick(rng, 1, 3), _v(n)), T("Const", _var("W", _v(n)), _v(2)))
+        n = pick(rng, 1, 5)
+        return T("Comp", T("Pad", 0, pick(rng, 1, 3), vec(n)), T("Const", var("W", vec(n)), vec(2)))
 
     def ex_fold_map_pad(rng):
-        n, k = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("Map", T("Pad", 0, _pick(rng, 1, 3), _v(k)), n), T("Const", _var("W", _m(n, k)), _v(2)))
+        n, k = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("Map", T("Pad", 0, pick(rng, 1, 3), vec(k)), n), T("Const", var("W", mat(n, k)), vec(2)))
 
     def ex_fold_chip(rng):
-        n = _pick(rng, 1, 5)
-        return T("Comp", T("ToChip", "mem", _v(n)), T("Const", _var("W", _v(n)), _v(2)))
+        n = pick(rng, 1, 5)
+        return T("Comp", T("ToChip", "mem", vec(n)), T("Const", var("W", vec(n)), vec(2)))
 
     a = "algorithmic"
     return [
@@ -146,49 +129,49 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     N = n_
 
     def _mv(n, k):
-        return T("MVMul", tp(_m(n, k), _v(k)))
+        return T("MVMul", tp(mat(n, k), vec(k)))
 
     def ex_rows(rng):
-        return _mv(N * _pick(rng, 2, 3), _pick(rng, 1, 5))
+        return _mv(N * pick(rng, 2, 3), pick(rng, 1, 5))
 
     def ex_cols(rng):
-        return _mv(_pick(rng, 1, 5), N * _pick(rng, 2, 3))
+        return _mv(pick(rng, 1, 5), N * pick(rng, 2, 3))
 
     def ex_pad_rows(rng):
-        return _mv(N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1), _pick(rng, 1, 5))
+        return _mv(N * pick(rng, 0, 2) + pick(rng, 1, N - 1), pick(rng, 1, 5))
 
     def ex_pad_cols(rng):
-        return _mv(_pick(rng, 1, 5), N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1))
+        return _mv(pick(rng, 1, 5), N * pick(rng, 0, 2) + pick(rng, 1, N - 1))
 
     def ex_unary(rng):
-        return T(["VVRelu", "VVTanh", "VVSigm"][_pick(rng, 0, 2)], _v(N * _pick(rng, 2, 4)))
+        return T(["VVRelu", "VVTanh", "VVSigm"][pick(rng, 0, 2)], vec(N * pick(rng, 2, 4)))
 
     def ex_binary(rng):
-        n = N * _pick(rng, 2, 4)
-        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][_pick(rng, 0, 3)], tp(_v(n), _v(n)))
+        n = N * pick(rng, 2, 4)
+        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][pick(rng, 0, 3)], tp(vec(n), vec(n)))
 
     def ex_unary_pad(rng):
-        return T(["VVRelu", "VVTanh", "VVSigm"][_pick(rng, 0, 2)], _v(N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1)))
+        return T(["VVRelu", "VVTanh", "VVSigm"][pick(rng, 0, 2)], vec(N * pick(rng, 0, 2) + pick(rng, 1, N - 1)))
 
     def ex_binary_pad(rng):
-        n = N * _pick(rng, 0, 2) + _pick(rng, 1, N - 1)
-        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][_pick(rng, 0, 3)], tp(_v(n), _v(n)))
+        n = N * pick(rng, 0, 2) + pick(rng, 1, N - 1)
+        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][pick(rng, 0, 3)], tp(vec(n), vec(n)))
 
     def ex_slice_unary(rng):
-        n2 = N * _pick(rng, 1, 3)
-        n = _pick(rng, 1, n2 - 1) if n2 > 1 else 1
-        return T("Comp", T("VVRelu", _v(n)), T("Slice", 0, n, _v(n2)))
+        n2 = N * pick(rng, 1, 3)
+        n = pick(rng, 1, n2 - 1) if n2 > 1 else 1
+        return T("Comp", T("VVRelu", vec(n)), T("Slice", 0, n, vec(n2)))
 
     def ex_slice_binary(rng):
-        n2 = N * _pick(rng, 1, 3)
-        n = _pick(rng, 1, n2 - 1) if n2 > 1 else 1
-        g = T("Comp", T("Slice", 0, n, _v(n2)), T("VVRelu", _v(n2)))
-        h = T("Comp", T("Slice", 0, n, _v(n2)), T("VVTanh", _v(n2)))
-        return T("Comp", T("VVAdd", tp(_v(n), _v(n))), T("Fork", g, h))
+        n2 = N * pick(rng, 1, 3)
+        n = pick(rng, 1, n2 - 1) if n2 > 1 else 1
+        g = T("Comp", T("Slice", 0, n, vec(n2)), T("VVRelu", vec(n2)))
+        h = T("Comp", T("Slice", 0, n, vec(n2)), T("VVTanh", vec(n2)))
+        return T("Comp", T("VVAdd", tp(vec(n), vec(n))), T("Fork", g, h))
 
     def ex_ws(rng):
-        k = _pick(rng, 1, 3)
-        return T("MMMul", tp(_m(2, k), _m(k, N)))
+        k = pick(rng, 1, 3)
+        return T("MMMul", tp(mat(2, k), mat(k, N)))
 
     ws_in = "(TP (TA (TA s k) n) (TA (TA s o) k))"
     ws_blocks = f"(TA (TA (TA s k) {N}) (/ o {N}))"
@@ -299,54 +282,54 @@ def _movement() -> list[Rule]:
     a = "algorithmic"
 
     def ex_elide(rng):
-        n = _pick(rng, 1, 5)
-        return T("Comp", T("ToChip", "mem", _v(n)), T("ToChip", "mem", _v(n)))
+        n = pick(rng, 1, 5)
+        return T("Comp", T("ToChip", "mem", vec(n)), T("ToChip", "mem", vec(n)))
 
     def ex_view(rng):
-        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("ToChip", "mem", _m(m, k)), T("Split", k, _v(k * m)))
+        k, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("ToChip", "mem", mat(m, k)), T("Split", k, vec(k * m)))
 
     def ex_hoist(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        p = tp(_v(n), _v(n))
-        body = T("Comp", T("VVAdd", p), T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)), T("Snd", p)))
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n))
+        body = T("Comp", T("VVAdd", p), T("Fork", T("Comp", T("ToChip", "mem", vec(n)), T("Fst", p)), T("Snd", p)))
         return T("Map", body, m)
 
     def ex_hoist_snd(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        p = tp(_v(n), _v(n))
-        body = T("Comp", T("VVAdd", p), T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n))
+        body = T("Comp", T("VVAdd", p), T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", vec(n)), T("Snd", p))))
         return T("Map", body, m)
 
     def ex_move_twice(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        p = tp(_v(n), _v(n + 1))
-        mv = T("Map", T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)), T("Snd", p)), m)
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n + 1))
+        mv = T("Map", T("Fork", T("Comp", T("ToChip", "mem", vec(n)), T("Fst", p)), T("Snd", p)), m)
         return comp(mv, mv, T("Id", T("TA", p, m)))
 
     def ex_through_zip(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        p = tp(_v(n), _v(n + 1))
-        pa = tp(T("TA", _v(n), m), T("TA", _v(n + 1), m))
-        return T("Comp", T("Map", T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)), T("Snd", p)), m), T("Zip", pa))
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n + 1))
+        pa = tp(T("TA", vec(n), m), T("TA", vec(n + 1), m))
+        return T("Comp", T("Map", T("Fork", T("Comp", T("ToChip", "mem", vec(n)), T("Fst", p)), T("Snd", p)), m), T("Zip", pa))
 
     def ex_through_distr(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        p = tp(_v(n), _v(n + 1))
-        pa = tp(T("TA", _v(n), m), _v(n + 1))
-        return T("Comp", T("Map", T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", _v(n + 1)), T("Snd", p))), m), T("DistR", pa))
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n + 1))
+        pa = tp(T("TA", vec(n), m), vec(n + 1))
+        return T("Comp", T("Map", T("Fork", T("Fst", p), T("Comp", T("ToChip", "mem", vec(n + 1)), T("Snd", p))), m), T("DistR", pa))
 
     def ex_reduce(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 2, 4)
-        p = tp(_v(n), _v(n))
-        add_on_chip = T("Comp", T("ToChip", "mem", _v(n)), T("VVAdd", p))
-        op = T("Comp", add_on_chip, T("Fork", T("Comp", T("ToChip", "mem", _v(n)), T("Fst", p)),
-                                          T("Comp", T("ToChip", "mem", _v(n)), T("Snd", p))))
-        return T("Reduce", op, T("TA", _v(n), m))
+        n, m = pick(rng, 1, 4), pick(rng, 2, 4)
+        p = tp(vec(n), vec(n))
+        add_on_chip = T("Comp", T("ToChip", "mem", vec(n)), T("VVAdd", p))
+        op = T("Comp", add_on_chip, T("Fork", T("Comp", T("ToChip", "mem", vec(n)), T("Fst", p)),
+                                          T("Comp", T("ToChip", "mem", vec(n)), T("Snd", p))))
+        return T("Reduce", op, T("TA", vec(n), m))
 
     def ex_hoist_unary(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Map", T("Comp", T("VVRelu", _v(n)), T("ToChip", "mem", _v(n))), m)
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
 
     hoist = [rewrite("(Map (Comp f (ToChip sp t)) n)", "(Comp (Map f n) (ToChip sp (TA t n)))", a)]
     for branch in ("left", "right"):
@@ -381,12 +364,12 @@ def _movement() -> list[Rule]:
             outer_fork = f"(Fork {outer_moved} {outer_other})" if pos == "Fst" else f"(Fork {outer_other} {outer_moved})"
             through += chain_rewrites([f"(Map {elem_fork} n)", f"({src} {arr})"], [f"({src} {arr})", outer_fork], a)
     def ex_store_view(rng):
-        k, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("ToOutput", _m(m, k)), T("Split", k, _v(k * m)))
+        k, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("ToOutput", mat(m, k)), T("Split", k, vec(k * m)))
 
     def ex_store_map(rng):
-        n, m = _pick(rng, 1, 4), _pick(rng, 1, 4)
-        return T("Comp", T("ToOutput", T("TA", _v(n), m)), T("Map", T("VVRelu", _v(n)), m))
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("ToOutput", T("TA", vec(n), m)), T("Map", T("VVRelu", vec(n)), m))
 
     return [
         Rule("tooutput-through-view", a, (
@@ -447,25 +430,25 @@ def _stacking() -> list[Rule]:
     )
 
     def ex_merge(rng):
-        n1, n2, k, extra = _pick(rng, 1, 4), _pick(rng, 1, 4), _pick(rng, 1, 4), _pick(rng, 0, 2)
+        n1, n2, k, extra = pick(rng, 1, 4), pick(rng, 1, 4), pick(rng, 1, 4), pick(rng, 0, 2)
         rows = n1 + n2 + extra
-        tw = _m(rows, k)
-        w = _var("W", tw)
-        x = T("Id", _v(k))
+        tw = mat(rows, k)
+        w = var("W", tw)
+        x = T("Id", vec(k))
 
         def block(start: int, n: int) -> Term:
-            const = T("Const", T("App", T("Slice", start, n, tw), w), _v(k))
-            return T("Comp", T("MVMul", tp(_m(n, k), _v(k))), T("Fork", const, x))
+            const = T("Const", T("App", T("Slice", start, n, tw), w), vec(k))
+            return T("Comp", T("MVMul", tp(mat(n, k), vec(k))), T("Fork", const, x))
 
         return T("Fork", block(extra, n1), block(extra + n1, n2))
 
     def ex_full(rng):
-        n = _pick(rng, 1, 5)
-        return T("Slice", 0, n, _v(n))
+        n = pick(rng, 1, 5)
+        return T("Slice", 0, n, vec(n))
 
     def ex_reduce_one(rng):
-        n = _pick(rng, 1, 5)
-        return T("Reduce", T("VVAdd", tp(_v(n), _v(n))), T("TA", _v(n), 1))
+        n = pick(rng, 1, 5)
+        return T("Reduce", T("VVAdd", tp(vec(n), vec(n))), T("TA", vec(n), 1))
 
     return [
         Rule("reduce-one", a, (rewrite("(Reduce f (TA (TA e k) 1))", "(Join (TA (TA e k) 1))", a, subsume=True),),
@@ -483,13 +466,13 @@ def _im2col() -> list[Rule]:
     a = "algorithmic"
 
     def ex_fission(rng):
-        k, m, n = _pick(rng, 1, 3), _pick(rng, 1, 3), _pick(rng, 1, 4)
-        return T("Map", T("Comp", T("VVRelu", _v(k * m)), T("Join", _m(m, k))), n)
+        k, m, n = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 4)
+        return T("Map", T("Comp", T("VVRelu", vec(k * m)), T("Join", mat(m, k))), n)
 
     def ex_mmmul(rng):
-        n, k, o = _pick(rng, 1, 5), _pick(rng, 1, 5), _pick(rng, 1, 5)
-        w = _var("W", _m(o, k))
-        body = T("Comp", T("MVMul", tp(_m(o, k), _v(k))), T("Fork", T("Const", w, _v(k)), T("Id", _v(k))))
+        n, k, o = pick(rng, 1, 5), pick(rng, 1, 5), pick(rng, 1, 5)
+        w = var("W", mat(o, k))
+        body = T("Comp", T("MVMul", tp(mat(o, k), vec(k))), T("Fork", T("Const", w, vec(k)), T("Id", vec(k))))
         return T("Map", body, n)
 
     return [
@@ -508,15 +491,15 @@ def _im2col() -> list[Rule]:
 
 
 def common_algorithmic_rules() -> list[Rule]:
-    """Lift's structural rules and the data-movement, stacking and im2col rules: the same for
-    every target."""
-    return _structural() + _movement() + _stacking() + _im2col()
+    """Lift's structural rules, the layout algebra, and the data-movement, stacking and im2col
+    rules: the same for every target."""
+    return _structural() + layout_algebra_rules() + _movement() + _stacking() + _im2col()
 
 
 def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
-    """Tiling rules for each tile size; `resident` is how many result elements, and `pinnable`
-    how many weight elements, the target can hold on chip at once."""
-    rules: list[Rule] = []
+    """Tiling rules and the tiled algebra for each tile size; `resident` is how many result
+    elements, and `pinnable` how many weight elements, the target can hold on chip at once."""
+    rules: list[Rule] = tiled_algebra_rules(tile_sizes)
     for n in sorted(set(tile_sizes)):
         rules += _tiling(n, resident, pinnable)
     return rules

@@ -23,6 +23,10 @@ DTYPE_BYTES: dict[str, int] = {"f32": 4, "f16": 2, "f8": 1, "i32": 4, "i8": 1}
 #: RNNCell's nonlinearities and the elementwise function each one is
 RNN_NONLINEARITIES: dict[str, str] = {"tanh": "VVTanh", "relu": "VVRelu"}
 
+#: elementwise binary operators that are associative and commutative: a reduction with one of
+#: them may be split into partial reductions and its elements reordered
+ASSOC_COMM_OPS: tuple[str, ...] = ("VVAdd", "VVMul", "VVMax")
+
 #: constructor name -> (sort, argument sorts); the single source for egglog and Python
 SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # types
