@@ -23,7 +23,7 @@ from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from hwmodels.target import Target
-from liftsat.api import memory_guards
+from liftsat.rulesets import memory_guards
 
 #: the rules that keep hardware rules' early moves bounded (a value moved twice is moved once)
 MOVE_BOUNDS = ("tochip-elide", "move-stage-idempotent")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from egraph_rules.rules import LEVELS, Rule
 from hwmodels.target import Target
-from liftsat.api import rules_for
+from liftsat.rulesets import rules_for
 
 PROPERTY_TEST = "tests/test_rules_property.py::test_rule_preserves_meaning"
 

@@ -8,7 +8,8 @@ import pytest
 from egraph_rules.ir import T, comp, ta, tensor_type, tp, ts
 from egraph_rules.saturate import Budget, Saturator
 from frontend.layers import LayerError, build_model, parse_layer
-from liftsat.api import optimize, rules_for
+from liftsat.api import optimize
+from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
 
 F32 = ts("f32")

@@ -14,7 +14,8 @@ from egraph_rules.saturate import Budget, Saturator
 from frontend.layers import LayerError, build_model, parse_layer
 from frontend.spatial import (Stages, Window, block_diagonal, conv, conv_reference, conv_weight, depthwise_conv,
                               flatten_window, pool_reference, to_hwc, windows)
-from liftsat.api import optimize, rules_for
+from liftsat.api import optimize
+from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
 
 

@@ -18,7 +18,7 @@ from frontend.layers import Model, build_model, parse_layer
 from hwmodels.codegen import generate
 from hwmodels.simulator import simulate
 from hwmodels.target import Target
-from liftsat.api import rules_for
+from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
 
 F32 = ts("f32")

@@ -11,7 +11,7 @@ from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, EGraphError, Saturator
 from extraction.greedy import ExtractionError, extract_greedy
-from liftsat.api import rules_for
+from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
 
 N = 4
