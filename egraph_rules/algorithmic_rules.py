@@ -328,12 +328,12 @@ def _movement() -> list[Rule]:
         return T("Reduce", op, T("TA", vec(n), m))
 
     def ex_reduce_view_after(rng):
-        k, rows, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 2, 4)
-        p, pm = tp(vec(k * rows), vec(k * rows)), tp(mat(rows, k), mat(rows, k))
-        moved = [comp(T("Split", k, vec(k * rows)), T("ToChip", "mem", vec(k * rows)), T(x, p)) for x in ("Fst", "Snd")]
-        op = comp(T("ToChip", "mem", vec(k * rows)), T("Join", mat(rows, k)), T("Map", T("VVAdd", tp(vec(k), vec(k))), rows),
+        k, rows, m = _pick(rng, 1, 3), _pick(rng, 1, 3), _pick(rng, 2, 4)
+        p, pm = tp(_v(k * rows), _v(k * rows)), tp(_m(rows, k), _m(rows, k))
+        moved = [comp(T("Split", k, _v(k * rows)), T("ToChip", "mem", _v(k * rows)), T(x, p)) for x in ("Fst", "Snd")]
+        op = comp(T("ToChip", "mem", _v(k * rows)), T("Join", _m(rows, k)), T("Map", T("VVAdd", tp(_v(k), _v(k))), rows),
                   T("Zip", pm), T("Fork", *moved))
-        return T("Reduce", op, T("TA", vec(k * rows), m))
+        return T("Reduce", op, T("TA", _v(k * rows), m))
 
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
