@@ -314,7 +314,8 @@ def optimize_targets(layers: list[str | LayerSpec], input_shape: tuple[int, ...]
                      time_limit: float = TIME_LIMIT) -> Comparison:
     """Compile a layer stack for several targets at once: saturate one e-graph with the common
     rules, then grow, extract, generate and simulate each target's cheapest program from it. A
-    target with no program is reported in `failures` with the reason; the others still run."""
+    target with no program (or none codegen can lay out) is reported in `failures` with the
+    reason; the others still run."""
     tgts = [t if isinstance(t, Target) else get_target(t, native_dim) for t in targets]
     model = _model(layers, input_shape, seed, functional)
     shared = SharedEGraph(model.term, budget)
@@ -322,6 +323,6 @@ def optimize_targets(layers: list[str | LayerSpec], input_shape: tuple[int, ...]
     for t in tgts:
         try:
             results.append(_run(shared, model, t, functional, alternatives, extractor, time_limit))
-        except NoProgramError as exc:
+        except (NoProgramError, CodegenError) as exc:
             failures[t.name] = str(exc)
     return Comparison([str(s) for s in model.layers], model.input_shape, shared.stats, results, failures)
