@@ -18,7 +18,7 @@ from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Program
 from hwmodels.simulator import simulate
 from hwmodels.target import Target
-from liftsat.rulesets import common_rules, target_rules
+from liftsat.rulesets import shared_rules, target_rules
 from liftsat.targets import get_target
 
 
@@ -132,13 +132,14 @@ class NoProgramError(ExtractionError):
 
 
 class SharedEGraph:
-    """One e-graph for a program term, saturated once with the common rules. Each target then
-    grows its own programs from it (its tiling and hardware rules, on a copy that is dropped
-    afterwards, so no program mixes two targets' memories) and extracts its cheapest one."""
+    """One e-graph for a program term, saturated once with the shared rules (the DSL lowering).
+    Each target then grows its own programs from it (structural, tiling and hardware rules, on a
+    copy that is dropped afterwards, so no program mixes two targets' memories) and extracts its
+    cheapest one."""
 
     def __init__(self, term: Term, budget: Budget | None = None):
         self.term, self.budget = term, budget or Budget()
-        self.sat = Saturator(common_rules())
+        self.sat = Saturator(shared_rules())
         self.sat.add("root", term)
         self.stats = self.sat.run(self.budget)
         self.stats.eclasses = self.sat.serialize({"root": term}, self.stats).stats.eclasses

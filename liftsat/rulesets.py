@@ -1,5 +1,6 @@
-"""Which rules saturate for which targets: the rules every target shares, and each target's own
-(tiles and bands sized to its native size and memories, and its hardware rules)."""
+"""Which rules saturate for which targets: the DSL lowering, shared by every target, and what
+each target's programs grow with afterwards (Lift's structural rules, tiles and bands sized to
+its native size and memories, and its hardware rules)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from egraph_rules.rules import Rule
 from hwmodels.target import Target
 
 
-def common_rules() -> list[Rule]:
-    """The rules every target shares: layers to Lift patterns, structure, movement, im2col."""
-    return dsl_rules() + common_algorithmic_rules()
+def shared_rules() -> list[Rule]:
+    """The rules saturated once for every target: layers lowered to Lift patterns. The
+    structural rules are target-independent too, but they subsume e-nodes (compose-assoc, the
+    identities) that a target's rules must still match, so they run with each target's own:
+    run first on their own, they took AlexNet conv2 on snowflake from 7.4 M to 56.4 M cycles."""
+    return dsl_rules()
 
 
 def memory_guards(target: Target) -> tuple[int, int]:
@@ -22,16 +26,18 @@ def memory_guards(target: Target) -> tuple[int, int]:
 
 
 def target_rules(target: Target) -> list[Rule]:
-    """A target's own rules: bands and tiles sized to its memories and native size, and its
+    """The rules a target's programs grow with after the shared phase: Lift's structural,
+    movement and im2col rules, bands and tiles sized to its memories and native size, and its
     hardware rules."""
     resident, pinnable = memory_guards(target)
-    return (band_rules(resident, pinnable) + tiling_rules((target.native_dim,), resident, pinnable)
+    return (common_algorithmic_rules() + band_rules(resident, pinnable)
+            + tiling_rules((target.native_dim,), resident, pinnable)
             + hardware_rules(target.device_ops(), target.native_dim))
 
 
 def rules_for(targets: list[Target]) -> list[Rule]:
-    """The common rules and each target's own (for the rule catalogue)."""
-    merged: dict[str, Rule] = {r.name: r for r in common_rules()}
+    """The shared rules and each target's own (for the rule catalogue)."""
+    merged: dict[str, Rule] = {r.name: r for r in shared_rules()}
     for t in targets:
         for r in target_rules(t):
             merged[r.name] = merged[r.name].union(r) if r.name in merged else r

@@ -79,8 +79,8 @@ def test_layout_algebra_saturates_on_a_convolution_layout():
 
 
 def test_size_free_rules_are_shared_and_tiled_ones_come_per_size():
-    """The shared saturation phase (every target's) holds no rule that depends on a tile size,
-    or a target's result would depend on which other targets it is compiled with."""
+    """The common algorithmic rules depend on no tile size (they are instantiated once, whatever
+    the targets); the tiled ones come per size."""
     shared = common_algorithmic_rules()
     assert {r.name for r in layout_algebra_rules()} <= {r.name for r in shared}
     assert not [r.name for r in shared if "/" in r.name]
