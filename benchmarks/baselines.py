@@ -27,7 +27,7 @@ from pathlib import Path
 from targets import LAYERS, deepbench_inference_gemms  # this script runs with benchmarks/ on sys.path
 from egraph_rules.ir import Term
 from extraction.greedy import ExtractionError
-from frontend.layers import build_model, parse_layer
+from frontend.layers import build_model
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.simulator import simulate
 from hwmodels.target import Target
@@ -40,7 +40,7 @@ def phase_ordered_cycles(layers: list[str], shape: tuple[int, ...], target: str)
     """Simulated cycles of the tiled lowering (the `tile` phase's program) and of the
     phase-ordered program (None: no program, or none that fits on chip)."""
     t = get_target(target)
-    model = build_model([parse_layer(s) for s in layers], shape, values=False)
+    model = build_model(layers, shape, values=False)
     try:
         phases = phase_ordered(model.term, t)
     except ExtractionError:

@@ -27,7 +27,7 @@ import time
 from targets import LAYERS  # this script runs with benchmarks/ on sys.path
 from extraction.greedy import ExtractionError, extract_greedy
 from extraction.ilp import TIME_LIMIT, extract_ilp
-from frontend.layers import build_model, parse_layer
+from frontend.layers import build_model
 from liftsat.api import SharedEGraph
 from liftsat.targets import BUILTIN, get_target
 
@@ -39,7 +39,7 @@ ROWS: list[tuple[str, list[str], tuple[int, ...]]] = [(name, layers, shape) for 
 def run(target: str, name: str, layers: list[str], shape: tuple[int, ...], time_limit: float) -> dict:
     """Saturate one layer for one target, extract with both; its row."""
     tgt = get_target(target)
-    model = build_model([parse_layer(s) for s in layers], shape, values=False)
+    model = build_model(layers, shape, values=False)
     graph = SharedEGraph(model.term).saturate(tgt)
     row = {"target": target, "layer": name, "enodes": graph.stats.enodes}
     t0 = time.perf_counter()

@@ -4,10 +4,9 @@ Every e-class keeps its `width` cheapest candidate terms of distinct cost vector
 same cost differ in re-indexing only, as far as the model can tell): an e-node with one
 candidate chosen for each F/E child. Candidates are combined best-first from the children's
 lists, and an e-node is combined again whenever a child's list changes, until none does.
-Keeping one term per cost vector also keeps out the
-best program wrapped in identities (Comp(Id, f) lives in f's class and costs the same). Ties go
-to the smaller term, then to node ids, so the order is deterministic and the first candidate is
-greedy extraction's program.
+Keeping one term per cost vector also keeps out the best program wrapped in identities
+(Comp(Id, f) lives in f's class and costs the same). Ties go to the smaller term, then to node
+ids, so the order is deterministic; the first program returned is greedy extraction's.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from egraph_rules.ir import Term
 from egraph_rules.saturate import SaturatedGraph
 from extraction.greedy import INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint
+
 
 @dataclass(frozen=True)
 class _Cand:
@@ -62,8 +62,8 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
 
 def _combine(it: Computation, best: dict[str, list[_Cand]], model: CostModel, width: int, keys: dict[tuple, int]) -> list[_Cand]:
     """The node's `width` cheapest candidates: choices of child candidates explored best-first
-    from (0, 0, ...). `keys` numbers distinct
-    terms (an e-node and its children's numbers), so comparing candidates is cheap."""
+    from (0, 0, ...). `keys` numbers distinct terms (an e-node and its children's numbers), so
+    comparing candidates is cheap."""
     lists = [best[c] for c in it.kids]
     out: list[_Cand] = []
     start = (0,) * len(it.kids)

@@ -672,11 +672,13 @@ def _sequence_model(layers: list[LayerSpec], shape: tuple[int, ...], seed: int, 
                  b.macs * steps, b.wbytes, io, dtype, b.weights)
 
 
-def build_model(layers: list[LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
+def build_model(layers: list[str | LayerSpec], input_shape: tuple[int, ...], seed: int = 0, dtype: str = "f32",
                 values: bool = True) -> Model:
-    """Build the program term App(ToOutput . layers, input). Batch 1 is a vector program; larger
-    batches map the per-row stack over the rows. A recurrent cell's state (h, or (h, c)) is a
-    second input, random like the first; LSTMCell returns (h', c') and must come last."""
+    """Build the program term App(ToOutput . layers, input) from layer calls (text or parsed).
+    Batch 1 is a vector program; larger batches map the per-row stack over the rows. A recurrent
+    cell's state (h, or (h, c)) is a second input, random like the first; LSTMCell returns
+    (h', c') and must come last."""
+    layers = [parse_layer(s) if isinstance(s, str) else s for s in layers]
     if not layers:
         raise LayerError("no layers given")
     if not isinstance(seed, int) or seed < 0:

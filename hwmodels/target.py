@@ -1,8 +1,10 @@
 """A target is data: memories, device operators with timing, peak rates, instruction syntax.
 
 The cost model here predicts cycles from that data alone: every unit (DMA, matrix unit, vector
-unit, instruction issue) accumulates busy cycles, loops multiply their bodies, and a program is
-as slow as its busiest unit (the units run decoupled). The simulator measures the real thing.
+unit, instruction issue) accumulates busy cycles, plus the latency no unit can hide (a load's
+wait for its first unit, a store's drain, a reduction's chain); loops multiply their bodies,
+and a program is as slow as its busiest unit (the units run decoupled). The simulator measures
+the real thing.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,7 +14,7 @@ from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationS
 from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
-from frontend.layers import LayerSpec, Model, build_model, parse_layer
+from frontend.layers import LayerSpec, Model, build_model
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Program
 from hwmodels.simulator import simulate
@@ -149,6 +150,7 @@ class SharedEGraph:
         with self.sat.extended(target_rules(target)):
             return self.sat.serialize({"root": self.term}, self.sat.run(self.budget, after=self.stats))
 
+
 #: the extractors `optimize` offers
 EXTRACTORS = ("greedy", "ilp")
 
@@ -218,13 +220,16 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
         program=program, output=out, reference=model.reference)
 
 
-def _model(layers: list[str | LayerSpec], input_shape: tuple[int, ...], seed: int, functional: bool) -> Model:
-    specs = [parse_layer(s) if isinstance(s, str) else s for s in layers]
-    return build_model(specs, tuple(input_shape), seed=seed, values=functional)
-
-
 #: how many of the next cheapest programs are tried when the cheapest does not fit on chip
 FALLBACKS = 8
+
+
+def _candidates(best: Extracted, graph: SaturatedGraph, target: Target, alternatives: int) -> Iterator[Extracted]:
+    """The extracted program, then (ranked only when asked for) the next cheapest distinct ones."""
+    yield best
+    for c in k_cheapest(graph, graph.roots["root"], target.cost_model(), FALLBACKS + 2 * alternatives):
+        if c.term != best.term:
+            yield c
 
 
 def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, alternatives: int,
@@ -232,26 +237,16 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     """The target's cheapest program from the shared e-graph, generated, simulated and checked;
     with alternatives > 1, also the next cheapest distinct programs up to that many in all (found
     by k-best extraction, reported in order of predicted cycles with shared sub-terms paid once,
-    which the k-best ranking by tree cost only approximates). The
-    cost model checks capacity on moves, stores and reductions only, so a program may still
-    overflow an on-chip memory in codegen: then the next cheapest that codegen lays out is taken,
-    and the ones it could not are listed in `unbuildable` with the reason."""
+    which the k-best ranking by tree cost only approximates). The cost model checks capacity on
+    moves, stores and reductions only, so a program may still overflow an on-chip memory in
+    codegen: then the next cheapest that codegen lays out is taken, and the ones it could not are
+    listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     best, seconds = extract(graph, target, extractor, time_limit)
-    tried = {best.term}
-    candidates = iter([best])
-    ranked_more = True
     result, unbuildable = None, []
-    while result is None or len(result.alternatives) < alternatives - 1:
-        program = next(candidates, None)
-        if program is None:
-            if not ranked_more:
-                break
-            ranked = k_cheapest(graph, graph.roots["root"], target.cost_model(), FALLBACKS + 2 * alternatives)
-            candidates = iter([c for c in ranked if c.term not in tried])
-            ranked_more = False
-            continue
-        tried.add(program.term)
+    for program in _candidates(best, graph, target, alternatives):
+        if result is not None and len(result.alternatives) == alternatives - 1:
+            break
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
@@ -282,7 +277,7 @@ def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target
     errors are NaN. alternatives=K also gives the K-1 next cheapest distinct programs;
     extractor="ilp" extracts by ILP (shared sub-terms paid once) within time_limit seconds."""
     tgt = target if isinstance(target, Target) else get_target(target, native_dim)
-    model = _model(layers, input_shape, seed, functional)
+    model = build_model(layers, tuple(input_shape), seed=seed, values=functional)
     return _run(SharedEGraph(model.term, budget), model, tgt, functional, alternatives, extractor, time_limit)
 
 
@@ -313,12 +308,13 @@ def optimize_targets(layers: list[str | LayerSpec], input_shape: tuple[int, ...]
                      *, seed: int = 0, native_dim: int | None = None, budget: Budget | None = None,
                      functional: bool = True, alternatives: int = 1, extractor: str = "greedy",
                      time_limit: float = TIME_LIMIT) -> Comparison:
-    """Compile a layer stack for several targets at once: saturate one e-graph with the common
-    rules, then grow, extract, generate and simulate each target's cheapest program from it. A
+    """Compile a layer stack for several targets at once: saturate one e-graph with the shared
+    rules (the DSL lowering), then grow, extract, generate and simulate each target's cheapest
+    program from it. A
     target with no program (or none codegen can lay out) is reported in `failures` with the
     reason; the others still run."""
     tgts = [t if isinstance(t, Target) else get_target(t, native_dim) for t in targets]
-    model = _model(layers, input_shape, seed, functional)
+    model = build_model(layers, tuple(input_shape), seed=seed, values=functional)
     shared = SharedEGraph(model.term, budget)
     results, failures = [], {}
     for t in tgts:

@@ -18,7 +18,7 @@ from egraph_rules.algorithmic_rules import common_algorithmic_rules, tiling_rule
 from egraph_rules.dsl_rules import band_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.interpreter import BINARY, UNARY
-from egraph_rules.ir import SCHEMA, Term
+from egraph_rules.ir import Term
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
@@ -28,7 +28,7 @@ from liftsat.rulesets import memory_guards
 #: the rules that keep hardware rules' early moves bounded (a value moved twice is moved once)
 MOVE_BOUNDS = ("tochip-elide", "move-stage-idempotent")
 #: whole layers, which only DSL rules lower
-LAYER_OPS = frozenset(op for op in SCHEMA if op in ("Linear", "LinearNB", "GRUCell", "LSTMCell", "RNNCell"))
+LAYER_OPS = frozenset(("Linear", "LinearNB", "GRUCell", "LSTMCell", "RNNCell"))
 
 #: the phases in order: name and the rules of the phase for a target
 PHASES: tuple[tuple[str, Callable[[Target], list[Rule]]], ...] = (

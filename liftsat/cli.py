@@ -148,7 +148,7 @@ def _optimize(args: argparse.Namespace) -> str:
         return result.listing if args.listing else _summary(result)
     comparison = optimize_targets(args.layers, shape, targets, seed=args.seed, budget=budget,
                                   functional=not args.timing_only, alternatives=args.alternatives,
-                          extractor=args.extractor, time_limit=args.ilp_time_limit)
+                                  extractor=args.extractor, time_limit=args.ilp_time_limit)
     if not comparison.results:
         raise ExtractionError("no target has a program: " + "; ".join(comparison.failures.values()))
     if args.json:

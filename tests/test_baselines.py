@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from frontend.layers import build_model, parse_layer
+from frontend.layers import build_model
 from hwmodels.codegen import generate
 from hwmodels.simulator import simulate
 from liftsat.api import optimize
@@ -15,7 +15,7 @@ from liftsat.targets import get_target
 
 def _run(layers: list[str], shape: tuple[int, ...], target: str, functional: bool = True):
     t = get_target(target)
-    model = build_model([parse_layer(s) for s in layers], shape, values=functional)
+    model = build_model(layers, shape, values=functional)
     phases = phase_ordered(model.term, t)
     program = generate(phases[-1].program.term, t)
     run = simulate(program, t.native_dim, model.env if functional else None, functional=functional)
