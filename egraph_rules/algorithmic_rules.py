@@ -327,10 +327,26 @@ def _movement() -> list[Rule]:
                                           T("Comp", T("ToChip", "mem", vec(n)), T("Snd", p))))
         return T("Reduce", op, T("TA", vec(n), m))
 
+    def ex_reduce_view_after(rng):
+        k, rows, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 2, 4)
+        p, pm = tp(vec(k * rows), vec(k * rows)), tp(mat(rows, k), mat(rows, k))
+        moved = [comp(T("Split", k, vec(k * rows)), T("ToChip", "mem", vec(k * rows)), T(x, p)) for x in ("Fst", "Snd")]
+        op = comp(T("ToChip", "mem", vec(k * rows)), T("Join", mat(rows, k)), T("Map", T("VVAdd", tp(vec(k), vec(k))), rows),
+                  T("Zip", pm), T("Fork", *moved))
+        return T("Reduce", op, T("TA", vec(k * rows), m))
+
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
 
+    from_reduce = []
+    for before, after in (("(Comp (ToChip sp a) {x})", "{x}"), ("(Comp h (Comp (ToChip sp a) {x}))", "(Comp h {x})")):
+        forks = [f"(Fork {side.format(x='(Fst (TP a a))')} {side.format(x='(Snd (TP a a))')})" for side in (before, after)]
+        for depth in range(1, HOIST_DEPTH + 2):
+            prefix = [f"p{i}" for i in range(depth)]
+            from_reduce.append(
+                f"(rule ((= e (Reduce op (TA a n))) (= op {chain(prefix, forks[0])}) (inspace op sp)) "
+                f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
     hoist = [rewrite("(Map (Comp f (ToChip sp t)) n)", "(Comp (Map f n) (ToChip sp (TA t n)))", a)]
     for branch in ("left", "right"):
         for part in ("Fst", "Snd"):
@@ -407,11 +423,12 @@ def _movement() -> list[Rule]:
         Rule("tochip-through-zip", a, tuple(through), "none",
              "moving each element's part after Zip/DistR = moving the whole array before it (DistR: once)",
              ex_through_zip, ex_through_distr),
-        Rule("tochip-hoist-from-reduce", a, (rewrite(
-            "(Reduce (Comp f (Fork (Comp (ToChip sp a) (Fst (TP a a))) (Comp (ToChip sp a) (Snd (TP a a))))) (TA a n))",
-            "(Comp (Reduce f (TA a n)) (ToChip sp (TA a n)))", a, ["(inspace f sp)"]),),
-             "the operator's output stays in that memory",
-             "a reduction whose operator moves both operands = the reduction over the moved array", ex_reduce),
+        Rule("tochip-hoist-from-reduce", a, tuple(from_reduce),
+             f"the operator's output stays in that memory; at most {HOIST_DEPTH + 1} stages after the operands",
+             "Reduce(f . Fork(h . ToChip . Fst, h . ToChip . Snd)) = Reduce(f . Fork(h . Fst, h . Snd)) . ToChip "
+             "(h may be absent): a reduction whose operator moves both operands = the reduction over the moved "
+             "array (its accumulator is already there)",
+             ex_reduce, ex_reduce_view_after),
     ]
 
 

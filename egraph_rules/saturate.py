@@ -62,6 +62,10 @@ class SaturatedGraph:
     classes: dict[str, list[str]]
     roots: dict[str, str]
     stats: SaturationStats
+    #: where each function e-class leaves its value: the on-chip memories (the `inspace` analysis)
+    #: and the e-class of its output type (`fout`), so extraction can check capacities
+    spaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 def _ir_size(sizes: list[tuple[str, int]]) -> int:
@@ -157,7 +161,16 @@ class Saturator:
         root_classes = {name: _class_of(term, index) for name, term in roots.items()}
         stats.eclasses = sum(1 for ids in classes.values() if not ids[0].startswith("primitive"))
         stats.enodes = sum(1 for nid in nodes if not nid.startswith("primitive"))
-        return SaturatedGraph(nodes, classes, root_classes, stats)
+        spaces: dict[str, set[str]] = {}
+        outputs = {}
+        for n in data["nodes"].values():
+            if n["op"] == "inspace":
+                f, space = n["children"]
+                spaces.setdefault(class_of[f], set()).add(data["nodes"][space]["op"].strip('"'))
+            elif n["op"] == "fout":
+                outputs[class_of[n["children"][0]]] = n["eclass"]
+        return SaturatedGraph(nodes, classes, root_classes, stats,
+                              {c: tuple(sorted(s)) for c, s in spaces.items()}, outputs)
 
 
 def _class_of(term: Term, index: dict[tuple[str, tuple[str, ...]], str]) -> str:

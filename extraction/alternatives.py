@@ -54,7 +54,7 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
         best[it.eclass] = merged
         return True
 
-    fixpoint(computations(graph, view), improve)
+    fixpoint(computations(graph, view, model), improve)
     head = extract_greedy(graph, root, model)
     rest = [c for c in best.get(root, []) if c.scalar < INF and tuple(c.cost) != tuple(head.cost)]
     return [head] + [Extracted(_term(c, view), c.cost, c.scalar) for c in rest[: k - 1]]

@@ -36,6 +36,9 @@ class CostModel(Protocol):
     def scalar(self, cost: Any) -> float:
         """Predicted cycles of a cost (INF when the target cannot run it)."""
 
+    # optional: fits(space, t) -> bool, whether a value of type t fits the on-chip memory `space`;
+    # a model without it places no limit on what a function leaves on chip
+
 
 class ExtractionError(RuntimeError):
     """No finite-cost program exists for the root under this cost model."""
@@ -70,6 +73,11 @@ class GraphView:
                 self._const[cls] = int(op)
         return self._const[cls]
 
+    def placed(self, cls: str) -> list[tuple[str, Term]]:
+        """The on-chip memories a function e-class leaves its value in, with the value's type."""
+        out = self.graph.outputs.get(cls)
+        return [(space, self.const(out)) for space in self.graph.spaces.get(cls, ())] if out else []
+
     def kids(self, nid: str) -> list[str]:
         """The e-classes of an e-node's F/E children, in order."""
         node = self.graph.nodes[nid]
@@ -95,13 +103,23 @@ class Computation:
     eclass: str
 
 
-def computations(graph: SaturatedGraph, view: GraphView) -> list[Computation]:
-    """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic)."""
+def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> list[Computation]:
+    """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic),
+    except those of e-classes whose value would overflow the on-chip memory it is left in (an
+    intermediate result codegen could not lay out, which no other cost sees)."""
+    fits = getattr(model, "fits", None)
+    overflow: dict[str, bool] = {}
     out = []
     for nid in sorted(graph.nodes):
         node = graph.nodes[nid]
         if node["op"] not in SCHEMA or SCHEMA[node["op"]][0] == "Ty":
             continue
+        cls = node["eclass"]
+        if fits is not None:
+            if cls not in overflow:
+                overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
+            if overflow[cls]:
+                continue
         arg_sorts = SCHEMA[node["op"]][1]
         args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
         out.append(Computation(nid, node["op"], args, tuple(view.kids(nid)), node["eclass"]))
@@ -142,7 +160,7 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
         best[c.eclass] = cand
         return True
 
-    fixpoint(computations(graph, view), improve)
+    fixpoint(computations(graph, view, model), improve)
     return best
 
 

@@ -162,7 +162,7 @@ class _Model:
         self.local: dict[str, tuple[float, ...]] = {}
         self.scales: dict[str, tuple[float, ...]] = {}
         self.by_class: dict[str, list[Computation]] = {}
-        for c in computations(graph, view):
+        for c in computations(graph, view, model):
             local = model.local(c.op, c.args)
             if INF in local or c.eclass in c.kids:
                 continue

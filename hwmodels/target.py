@@ -238,6 +238,11 @@ class CycleCost:
         mem = self.t.memories[space]
         return mem.latency + self.latency(mem.load_from) if mem.load_from else self.t.dram.latency
 
+    def fits(self, space: str, t: Term) -> bool:
+        """Whether a value of type t fits in the on-chip memory `space` (an unknown one: no limit)."""
+        mem = self.t.memories.get(space)
+        return mem is None or nbytes(t) <= mem.capacity
+
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled)."""
         return max(c)

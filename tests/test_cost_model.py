@@ -16,6 +16,8 @@ CASES = [
     (["ReLU()"], (4, 1024), ("brainwave", "cpu", "snowflake")),
     (["Linear(256, 256)"], (1, 256), ("cpu", "snowflake")),
     (["Linear(512, 128)", "ReLU()"], (1, 512), ("cpu", "snowflake")),
+    (["Linear(256, 256)"], (1, 256), ("vta",)),                      # partial sums reduced where they are
+    (["MaxPool2d(3, stride=2)"], (1, 16, 9, 9), ("cpu", "snowflake")),   # windows loaded once
 ]
 
 
