@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
+from egraph_rules.ir import T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, EGraphError, Saturator
 from extraction.greedy import ExtractionError, extract_greedy
@@ -123,3 +123,24 @@ def test_pairs_and_constants_keep_their_types():
     graph = saturated(term)
     best = extract_greedy(graph, graph.roots["root"], TARGET.cost_model())
     assert any(s.op == "Dev" and s.args[0] == "bw.vv_add" for s in best.term.walk())
+
+
+class Placed(Size):
+    """Size, with one 64-byte on-chip memory `m`."""
+
+    def fits(self, space, t):
+        return space != "m" or numel(t) * 4 <= 64
+
+
+def test_classes_overflowing_their_memory_are_left_out():
+    """The smaller program leaves a 32-element value in a 16-element memory `m`: extraction must
+    pass it over for the larger one that fits, and take it when nothing limits memories."""
+    x = T("Var", "x", V(32))
+    small = T("App", comp(T("ToOutput", V(32)), T("ToChip", "m", V(32))), x)
+    large = T("App", comp(T("ToOutput", V(32)), T("VVRelu", V(32)), T("VVRelu", V(32))), x)
+    same = Rule("same", "algorithmic", (f"(rewrite {small.sexpr} {large.sexpr} :ruleset algorithmic)",), "none", "")
+    sat = Saturator([same])
+    sat.add("root", small)
+    graph = sat.serialize({"root": small}, sat.run(Budget()))
+    assert extract_greedy(graph, graph.roots["root"], Size()).term == small
+    assert extract_greedy(graph, graph.roots["root"], Placed()).term == large
