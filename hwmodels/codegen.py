@@ -467,10 +467,15 @@ class Codegen:
 
     def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
         """A loop; the body's re-indexing tail is applied to the whole result array instead,
-        so every iteration writes its core result in place."""
+        so every iteration writes its core result in place (into dest seen through the tail's
+        inverse, when a destination is given)."""
         views, core = _peel_views(body)
         if views and dest is not None:
-            raise CodegenError("a Map whose body ends in re-indexing cannot write into a given destination")
+            for view in views:  # the core writes where the views will show its results: dest
+                inverse = _inverse(view)
+                if inverse is None:
+                    raise CodegenError(f"a Map whose body ends in {view.op} cannot write into a given destination")
+                dest = _view(inverse, dest, 1)
         if dest is None:
             space = self.result_space(core, v.space if isinstance(v, Buf) else None)
             if space is None:

@@ -99,6 +99,23 @@ def test_reduce_program(rows):
     np.testing.assert_allclose(run.output, x.sum(axis=0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows, m", [(2, 1), (3, 2), (4, 3)])
+def test_reduce_whose_operator_loops_over_rejoined_rows(rows, m):
+    """A reduction whose operator is a Map whose body ends in a Join: each step writes the
+    loop's results into the accumulator seen through the Join's inverse."""
+    pair, wide = tp(V(2 * N), V(2 * N)), M(m, 2 * N)
+    halves = T("Fork", comp(T("Split", N, V(2 * N)), T("Fst", pair)), comp(T("Split", N, V(2 * N)), T("Snd", pair)))
+    add = comp(T("Join", M(2, N)), T("Map", dev("vv_add"), 2), T("Zip", tp(M(2, N), M(2, N))), halves)
+    op = comp(T("Map", add, m), T("Zip", tp(wide, wide)))
+    f = comp(T("ToOutput", wide), T("Reduce", op, ta(wide, rows)), T("ToChip", VRF, ta(wide, rows)))
+    x = np.random.default_rng(rows * m).standard_normal((rows, m, 2 * N)).astype(np.float32)
+    program = generate(T("App", f, T("Var", "X", ta(wide, rows))), TARGET)
+    assert program.histogram()["vv_add"] == (rows - 1) * m * 2
+    run, timing = both(program, {"X": x})
+    assert run.cycles == timing.cycles
+    np.testing.assert_allclose(run.output, x.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
 def test_cycles_follow_the_timing_model():
     """One vector through load, relu and store: each waits for the previous result."""
     program = generate(relu_program(N), TARGET)
