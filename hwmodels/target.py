@@ -76,6 +76,9 @@ class Target:
     #: weights pinned on chip are loaded once at deployment, not per inference
     persistent_weights: bool = True
     assumptions: tuple[str, ...] = field(default=())
+    #: the share of an on-chip memory one value may fill in the cost model; codegen lays out all
+    #: live values together, so extraction is retried with less room when none fits
+    value_room: float = 1.0
 
     @property
     def op_by_name(self) -> dict[str, OpSpec]:
@@ -239,9 +242,10 @@ class CycleCost:
         return mem.latency + self.latency(mem.load_from) if mem.load_from else self.t.dram.latency
 
     def fits(self, space: str, t: Term) -> bool:
-        """Whether a value of type t fits in the on-chip memory `space` (an unknown one: no limit)."""
+        """Whether a value of type t fits in its share of the on-chip memory `space` (an unknown
+        one: no limit)."""
         mem = self.t.memories.get(space)
-        return mem is None or nbytes(t) <= mem.capacity
+        return mem is None or nbytes(t) <= mem.capacity * self.t.value_room
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -222,6 +222,8 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
 
 #: how many of the next cheapest programs are tried when the cheapest does not fit on chip
 FALLBACKS = 8
+#: the share of each on-chip memory one value may fill, tried in turn while programs overflow
+ROOM = (1.0, 0.5, 0.25)
 
 
 def _candidates(best: Extracted, graph: SaturatedGraph, target: Target, alternatives: int) -> Iterator[Extracted]:
@@ -242,8 +244,30 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     codegen: then the next cheapest that codegen lays out is taken, and the ones it could not are
     listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
-    best, seconds = extract(graph, target, extractor, time_limit)
     result, unbuildable = None, []
+    for room in ROOM:
+        cost_target = replace(target, value_room=room)
+        best, seconds = extract(graph, cost_target, extractor, time_limit)
+        result = _first_buildable(model, cost_target, graph, best, seconds, functional, alternatives, unbuildable)
+        if result is not None or not any("overflow" in u for u in unbuildable):
+            break
+    if result is None:
+        raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
+                           f"the cheapest, {unbuildable[0]}")
+    result.unbuildable = unbuildable
+    result.alternatives.sort(key=lambda a: a.predicted_cycles)
+    if isinstance(best, IlpExtracted):
+        result.extraction = {"extractor": "ilp", "status": best.status, "gap": round(best.gap, 6),
+                             "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
+                             "greedy_shared_cycles": best.greedy_dag_cycles}
+    return result
+
+
+def _first_buildable(model: Model, target: Target, graph: SaturatedGraph, best: Extracted, seconds: float,
+                     functional: bool, alternatives: int, unbuildable: list[str]) -> Result | None:
+    """The cheapest candidate codegen lays out, with up to alternatives - 1 more; the others'
+    reasons are appended to `unbuildable`. None when no candidate lays out."""
+    result = None
     for program in _candidates(best, graph, target, alternatives):
         if result is not None and len(result.alternatives) == alternatives - 1:
             break
@@ -256,15 +280,6 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
             result = measured
         else:
             result.alternatives.append(measured)
-    if result is None:
-        raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
-                           f"the cheapest, {unbuildable[0]}")
-    result.unbuildable = unbuildable
-    result.alternatives.sort(key=lambda a: a.predicted_cycles)
-    if isinstance(best, IlpExtracted):
-        result.extraction = {"extractor": "ilp", "status": best.status, "gap": round(best.gap, 6),
-                             "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
-                             "greedy_shared_cycles": best.greedy_dag_cycles}
     return result
 
 
