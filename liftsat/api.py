@@ -247,7 +247,12 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     result, unbuildable = None, []
     for room in ROOM:
         cost_target = replace(target, value_room=room)
-        best, seconds = extract(graph, cost_target, extractor, time_limit)
+        try:
+            best, seconds = extract(graph, cost_target, extractor, time_limit)
+        except NoProgramError:
+            if room == ROOM[0]:
+                raise
+            break  # with less room there is no program at all: report why the others overflowed
         result = _first_buildable(model, cost_target, graph, best, seconds, functional, alternatives, unbuildable)
         if result is not None or not any("overflow" in u for u in unbuildable):
             break

@@ -41,3 +41,13 @@ def test_partial_sums_that_overflow_are_not_extracted():
     r = optimize(["MatMul(2560, 2560, a_t=True, b_t=True)"], (2560, 64), "snowflake", functional=False)
     assert not r.unbuildable
     assert r.cycles == pytest.approx(r.predicted_cycles, rel=0.01)
+
+
+def test_values_that_overflow_together_are_retried_with_less_room():
+    """On VTA the cheapest programs of this DeepBench training convolution keep a band of
+    results (100 KB) and one pixel's partial products (38 KB) in the 128 KiB accumulator at
+    once; each fits alone, so extraction is retried with less room per value until one lays out."""
+    r = optimize(["Conv2d(192, 32, (5, 5), stride=(1, 1), padding=(2, 2))"], (16, 192, 28, 28), "vta",
+                 functional=False)
+    assert r.unbuildable and all("vta.acc overflow" in u for u in r.unbuildable)
+    assert r.cycles > 0
