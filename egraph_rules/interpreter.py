@@ -88,10 +88,10 @@ def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
         return x.reshape(*sh[:axis], sh[axis] * sh[axis + 1], *sh[axis + 2 :])
     if op == "Transpose":
         return np.swapaxes(x, axis, axis + 1)
-    if op == "Pad":
+    if op in ("Pad", "PadWith"):
         widths = [(0, 0)] * x.ndim
         widths[axis] = (a[0], a[1])
-        return np.pad(x, widths)
+        return np.pad(x, widths, constant_values=a[2] if op == "PadWith" else 0)
     if op == "Slice":
         return x[(slice(None),) * axis + (slice(a[0], a[0] + a[1]),)]
     if op == "Slide":
@@ -182,11 +182,8 @@ class Interpreter:
             return [(p, q) for p, q in zip(_items(x[0]), _items(x[1]), strict=True)]
         if op == "DistR":
             return [(p, x[1]) for p in _items(x[0])]
-        if op == "Pad":
-            if not isinstance(x, np.ndarray):
-                raise IRTypeError("Pad applies to arrays of scalars")
-            widths = [(a[0], a[1])] + [(0, 0)] * (x.ndim - 1)
-            return np.pad(x, widths)
+        if op in ("Pad", "PadWith"):
+            raise IRTypeError(f"{op} applies to arrays of scalars")
         if op == "Slice":
             return x[a[0] : a[0] + a[1]]
         if op == "Slide":

@@ -10,12 +10,13 @@ input and one output type and rewrite rules can check shapes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Union
 
-Arg = Union["Term", int, str]
+Arg = Union["Term", int, float, str]
 
 #: element types and their widths in bytes
 DTYPE_BYTES: dict[str, int] = {"f32": 4, "f16": 2, "f8": 1, "i32": 4, "i8": 1}
@@ -58,6 +59,9 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "Zip": ("F", ("Ty",)),
     "DistR": ("F", ("Ty",)),
     "Pad": ("F", ("i64", "i64", "Ty")),
+    # PadWith l r fill: Pad with `fill` (an f64, -inf for max pooling) instead of zeros; a
+    # separate constructor, so that rules relying on zero padding never match it
+    "PadWith": ("F", ("i64", "i64", "f64", "Ty")),
     "Slice": ("F", ("i64", "i64", "Ty")),
     # Slide size step: the windows of `size` consecutive elements starting every `step` elements
     # (a stencil's neighbourhoods; windows overlap when step < size)
@@ -112,6 +116,7 @@ class Term:
         for sort, a in zip(sorts, self.args):
             ok = (
                 (sort == "i64" and isinstance(a, int) and not isinstance(a, bool))
+                or (sort == "f64" and isinstance(a, float) and not math.isnan(a))
                 or (sort == "String" and isinstance(a, str))
                 or (isinstance(a, Term) and SCHEMA[a.op][0] == sort)
             )
@@ -139,11 +144,22 @@ class Term:
 
 
 def arg_sexpr(a: Arg) -> str:
+    """An argument in egglog syntax (a float as Python's repr, which egglog reads: -inf, 1e+20)."""
     if isinstance(a, Term):
         return a.sexpr
     if isinstance(a, str):
         return '"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return str(a)
+    return repr(a) if isinstance(a, float) else str(a)
+
+
+def primitive_value(text: str) -> int | float | str:
+    """A primitive (i64, f64 or String) as egglog prints it, back as a Python value."""
+    if text.startswith('"'):
+        return text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def T(op: str, *args: Arg) -> Term:
@@ -301,10 +317,10 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         x, c = _pair(a[0], "DistR")
         xe, n = _arr(x, "DistR")
         return ta(tp(xe, c), n)
-    if op == "Pad":
-        e, n = _arr(a[2], "Pad")
+    if op in ("Pad", "PadWith"):
+        e, n = _arr(a[-1], op)
         if a[0] < 0 or a[1] < 0:
-            raise IRTypeError(f"Pad by negative amount {a[0]}, {a[1]}")
+            raise IRTypeError(f"{op} by negative amount {a[0]}, {a[1]}")
         return ta(e, a[0] + n + a[1])
     if op == "Slice":
         e, n = _arr(a[2], "Slice")

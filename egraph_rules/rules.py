@@ -88,6 +88,7 @@ LEAF_FOUT = {
     "Zip": ("(Zip (TP (TA a n) (TA b n)))", "(TA (TP a b) n)"),
     "DistR": ("(DistR (TP (TA a n) c))", "(TA (TP a c) n)"),
     "Pad": ("(Pad l r (TA e n))", "(TA e (+ l (+ n r)))"),
+    "PadWith": ("(PadWith l r x (TA e n))", "(TA e (+ l (+ n r)))"),
     "Slice": ("(Slice s k (TA e n))", "(TA e k)"),
     "Slide": ("(Slide k st (TA e n))", "(TA (TA e k) (+ 1 (/ (- n k) st)))"),
     "VVAdd": ("(VVAdd (TP t t))", "t"),

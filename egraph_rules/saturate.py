@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from egglog import bindings
 
-from egraph_rules.ir import SCHEMA, Term, arg_sexpr, egglog_declarations
+from egraph_rules.ir import SCHEMA, Term, arg_sexpr, egglog_declarations, primitive_value
 from egraph_rules.rules import LEVELS, Rule, analysis_program, rulesets_program
 
 
@@ -157,7 +157,7 @@ class Saturator:
         for nid, node in nodes.items():
             classes.setdefault(node["eclass"], []).append(nid)
         _check_types(nodes, classes)
-        index = {(n["op"], tuple(n["children"])): n["eclass"] for n in nodes.values()}
+        index = {(_key(nid, n["op"]), tuple(n["children"])): n["eclass"] for nid, n in nodes.items()}
         root_classes = {name: _class_of(term, index) for name, term in roots.items()}
         stats.eclasses = sum(1 for ids in classes.values() if not ids[0].startswith("primitive"))
         stats.enodes = sum(1 for nid in nodes if not nid.startswith("primitive"))
@@ -171,6 +171,11 @@ class Saturator:
                 outputs[class_of[n["children"][0]]] = n["eclass"]
         return SaturatedGraph(nodes, classes, root_classes, stats,
                               {c: tuple(sorted(s)) for c, s in spaces.items()}, outputs)
+
+
+def _key(nid: str, op: str) -> str:
+    """An e-node's operator, a primitive's in Python's syntax (egglog prints 1e+20 as 1e20)."""
+    return arg_sexpr(primitive_value(op)) if nid.startswith("primitive") else op
 
 
 def _class_of(term: Term, index: dict[tuple[str, tuple[str, ...]], str]) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from egraph_rules.ir import SCHEMA, Term
+from egraph_rules.ir import SCHEMA, Term, primitive_value
 from egraph_rules.saturate import SaturatedGraph
 
 INF = math.inf
@@ -61,16 +61,14 @@ class GraphView:
         self._const: dict[str, object] = {}
 
     def const(self, cls: str) -> object:
-        """The value of a Ty, i64 or String e-class."""
+        """The value of a Ty, i64, f64 or String e-class."""
         if cls not in self._const:
             node = self.graph.nodes[self.graph.classes[cls][0]]
             op = node["op"]
             if op in SCHEMA:
                 self._const[cls] = Term(op, tuple(self.const(c) for c in node["children"]))
-            elif op.startswith('"'):
-                self._const[cls] = op[1:-1].replace('\\"', '"').replace("\\\\", "\\")
             else:
-                self._const[cls] = int(op)
+                self._const[cls] = primitive_value(op)
         return self._const[cls]
 
     def placed(self, cls: str) -> list[tuple[str, Term]]:

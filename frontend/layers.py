@@ -473,8 +473,7 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
             scale = T("Var", f"scale{key}", ta(b.s, c))
             if b.rng is not None:
                 b.env[f"scale{key}"] = np.full(c, 1 / (win.kernel[0] * win.kernel[1]), np.float32)
-        fill = _lowest_border(b, key, s.t, win) if kind == "max" and win.padding != (0, 0) else None
-        pool(s, win, kind, scale, fill)
+        pool(s, win, kind, scale)
         return pool_reference(ref, win, kind) if ref is not None else None
     o, (kh, kw) = p["out_channels"], win.kernel
     _check_size(f"{where}: the im2col matrix", oh * ow, kh * kw * c)
@@ -489,20 +488,6 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
     if ref is None:
         return None
     return conv_reference(ref, b.env[f"W{key}"], b.env.get(f"b{key}"), win, groups)
-
-
-def _lowest_border(b: _Builder, key: str, t: Term, win: Window) -> Term:
-    """The image, padded like the input of max pooling, that is zero inside and the lowest finite
-    float in the padding: added to the zero-padded input it pads with that value instead, which
-    max pooling never picks over the window's real values (PyTorch pads with -inf; a finite value
-    keeps masked lanes free of inf * 0)."""
-    (h, w, c), (ph, pw) = shape_of(t), win.padding
-    shape = (h + 2 * ph, w + 2 * pw, c)
-    if b.rng is not None:
-        border = np.full(shape, np.finfo(np.float32).min, np.float32)
-        border[ph : ph + h, pw : pw + w] = 0
-        b.env[f"low{key}"] = border
-    return T("Var", f"low{key}", tensor_type(b.dtype, shape))
 
 
 def _image_residual(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndarray | None,

@@ -14,6 +14,7 @@ independent of the IR.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,17 +61,19 @@ def add_images(t: Term) -> Term:
     return T("Comp", T("Map", per_row, h), T("Zip", tp(t, t)))
 
 
-def windows(s: Stages, win: Window, fill: Term | None = None) -> Stages:
-    """[H][W][C] -> [OH][OW][kh][kw][C]: zero padding (plus `fill`, a padded-size image that is
-    zero inside, to pad with another value), then a Slide over rows and one over columns; a
-    dilated window keeps every d-th element of its span (Slide 1 d, then Join)."""
+def windows(s: Stages, win: Window, fill: float = 0.0) -> Stages:
+    """[H][W][C] -> [OH][OW][kh][kw][C]: padding with `fill` (Pad for zeros, PadWith otherwise),
+    then a Slide over rows and one over columns; a dilated window keeps every d-th element of
+    its span (Slide 1 d, then Join)."""
     ph, pw = win.padding
+
+    def pad(n: int, t: Term) -> Term:
+        return T("PadWith", n, n, fill, t) if fill else T("Pad", n, n, t)
+
     if ph:
-        s.then(T("Pad", ph, ph, s.t))
+        s.then(pad(ph, s.t))
     if pw:
-        s.then(lifted(s.t, 1, lambda e: T("Pad", pw, pw, e)))
-    if fill is not None:
-        s.then(T("Comp", add_images(s.t), T("Fork", T("Id", s.t), T("Const", fill, s.t))))
+        s.then(lifted(s.t, 1, lambda e: pad(pw, e)))
     dilate = [None, None]
     for axis in (0, 1):
         d = win.dilation[axis]
@@ -168,11 +171,11 @@ def depthwise_conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
     return s.then(lifted(s.t, 2, lambda e: per))
 
 
-def pool(s: Stages, win: Window, kind: str, scale: Term | None, fill: Term | None = None) -> Stages:
+def pool(s: Stages, win: Window, kind: str, scale: Term | None) -> Stages:
     """Max or average pooling: each window's [C] vectors reduced with VVMax or VVAdd (rows of the
-    window first, then the row results); the average multiplies the sum by `scale` (1/taps);
-    `fill` pads with another value than zero (see windows)."""
-    windows(s, win, fill)
+    window first, then the row results); the average multiplies the sum by `scale` (1/taps).
+    Max pooling pads with -inf, as PyTorch does (average pooling counts zeros)."""
+    windows(s, win, -math.inf if kind == "max" else 0.0)
     win_t = s.t.args[0].args[0]
     kh, kw, _ = shape_of(win_t)
     vec = win_t.args[0].args[0]

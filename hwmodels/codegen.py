@@ -191,12 +191,13 @@ def _fuse_pair_maps(stages: list[Term]) -> list[Term]:
 
 def _layout_only(f: Term, pad: bool) -> bool:
     """Whether f only re-indexes its input (Split, Join, Transpose, Slice, Slide, maps and
-    compositions of these) or, with pad, also pads it: what the host can apply when it lays out data."""
+    compositions of these) or, with pad, also pads it (with zeros or a fill value): what the
+    host can apply when it lays out data."""
     if f.op == "Comp":
         return _layout_only(f.args[0], pad) and _layout_only(f.args[1], pad)
     if f.op == "Map":
         return _layout_only(f.args[0], pad)
-    return f.op in ("Split", "Join", "Transpose", "Slice", "Slide", "Id") or (pad and f.op == "Pad")
+    return f.op in ("Split", "Join", "Transpose", "Slice", "Slide", "Id") or (pad and f.op in ("Pad", "PadWith"))
 
 
 def _is_view(f: Term) -> bool:
@@ -449,6 +450,9 @@ class Codegen:
             return ArrP(v.a, v.b, True, False, a[0].args[0].args[1])
         if op == "Pad":
             return self.pad_on_chip(f, v, dest)
+        if op == "PadWith":
+            raise CodegenError(f"PadWith(fill {a[2]}) of a computed value: only the host pads with a fill value "
+                               f"(on chip, padding is a mask multiply, which makes zeros)")
         if op == "Map" and dest is None and fout(a[0]).op == "TP":
             return self.place(f, v, self.storage(f))
         if op == "Map":
@@ -732,7 +736,7 @@ def _describe(e: Term) -> str:
         return e.args[0]
     if e.op == "App":
         f = e.args[0]
-        params = [str(x) for x in f.args if isinstance(x, int)]
+        params = [str(x) for x in f.args if isinstance(x, (int, float))]
         return f"{f.op}({', '.join(params)}) of {_describe(e.args[1])}"
     return e.op
 

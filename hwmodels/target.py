@@ -129,8 +129,8 @@ class CycleCost:
     terms with `node`; the ILP extractor uses `local` and `scales` to count shared subterms once."""
 
     #: re-indexing is addressing, and padding is done by the host when it lays out inputs
-    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "Var", "Pair",
-            "Comp", "Fork", "App")
+    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "PadWith", "Var",
+            "Pair", "Comp", "Fork", "App")
 
     def __init__(self, target: Target):
         self.t = target

@@ -241,6 +241,21 @@ def test_image_layers_run_on_every_target(target, case):
     assert r.max_rel_error <= 1e-4
 
 
+@pytest.mark.parametrize("target", ["brainwave", "snowflake"])
+def test_padded_max_pooling_is_unpadded_pooling_of_the_host_padded_image(target):
+    """MaxPool2d(3, stride=2, padding=1) end to end equals PyTorch's definition (the frontend's
+    numpy reference, -inf padding), border windows with all their real values negative included;
+    the host writes the -inf border, so the device runs exactly the program of an unpadded pool
+    over an image of the padded size: no add of a border image, no other extra instruction."""
+    padded = optimize(["MaxPool2d(3, stride=2, padding=1)"], (1, 16, 9, 9), target=target)
+    assert padded.max_abs_error == 0.0
+    assert (padded.reference[:, :, 0, :] < 0).any()  # zero padding would have made these 0
+    plain = optimize(["MaxPool2d(3, stride=2)"], (1, 16, 11, 11), target=target)
+    assert padded.ops == plain.ops and padded.cycles == plain.cycles
+    fills = {t.args[2] for hb in padded.program.host_buffers for t in hb.expr.walk() if t.op == "PadWith"}
+    assert fills == {-np.inf}
+
+
 @pytest.mark.parametrize("target", ["snowflake", "vta"])
 @pytest.mark.parametrize("layers, shape", [
     (["Conv2d(3, 8, 3, padding=1)", "ReLU()", "MaxPool2d(2)", "Flatten()", "Linear(128, 10)"], (1, 3, 8, 8)),

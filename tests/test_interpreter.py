@@ -112,7 +112,23 @@ def test_patterns_against_numpy(n, k, seed):
                                atol=1e-5)
     np.testing.assert_array_equal(run(T("Pad", 2, 1, V(n * k)), x), np.concatenate([[0, 0], x, [0]]))
     np.testing.assert_array_equal(run(T("Pad", 1, 2, M(n, k)), m), np.pad(m, ((1, 2), (0, 0))))
+    fill = float(np.float32(rng.standard_normal()))  # exact in the float32 array
+    np.testing.assert_array_equal(run(T("PadWith", 2, 1, fill, V(n * k)), x), np.concatenate([[fill, fill], x, [fill]]))
+    np.testing.assert_array_equal(run(T("PadWith", 0, 1, -np.inf, M(n, k)), m),
+                                  np.concatenate([m, np.full((1, k), -np.inf, np.float32)]))
     np.testing.assert_array_equal(run(T("Slice", 1, n * k, V(n * k + 2)), np.concatenate([[9], x, [9]])), x)
+
+
+def test_pad_with_fills_only_the_padding():
+    """PadWith pads with its fill (here -inf, max pooling's) and keeps the values, at the dimension
+    its Map reaches: each row of an image padded on both sides, every channel vector filled."""
+    img = np.arange(12, dtype=np.float32).reshape(2, 2, 3)  # [H][W][C]
+    out = run(T("Map", T("PadWith", 1, 1, -np.inf, M(2, 3)), 2), img)
+    assert out.shape == (2, 4, 3) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[:, 1:3], img)
+    assert np.isneginf(out[:, [0, 3]]).all()
+    with pytest.raises(IRTypeError, match="PadWith applies to arrays of scalars"):
+        run(T("PadWith", 1, 0, 2.0, ta(tp(F32, F32), 2)), [(np.float32(1), np.float32(2))] * 2)
 
 
 def test_zip_and_distr():
@@ -202,6 +218,7 @@ def _nested_functions(n: int, k: int, m: int) -> list[Term]:
         comp(T("Slice", 1, n, V(n + 2)), T("Pad", 2, 0, V(n))),
         T("Pad", 1, 3, mat),
         T("Map", T("Pad", 0, m, v), n),
+        T("Map", T("PadWith", 1, m, -1.5, v), n),
         T("Map", T("Slice", k - 1, 1, v), n),
         T("Reduce", T("VVAdd", tp(v, v)), mat),
         T("Reduce", T("VVMul", tp(V(m), V(m))), M(n, m)),

@@ -26,6 +26,8 @@ def M(n: int, k: int) -> Term:
     (lambda: T("Map", V(3), 2), "not of sort F"),
     (lambda: T("App", T("Var", "x", V(2)), T("Var", "x", V(2))), "not of sort F"),
     (lambda: T("Var", 3, V(2)), "not of sort String"),
+    (lambda: T("PadWith", 1, 1, 0, V(2)), "not of sort f64"),
+    (lambda: T("PadWith", 1, 1, float("nan"), V(2)), "not of sort f64"),
     (lambda: ts("f64"), "unknown element type"),
     (lambda: ta(F32, 0), "must be positive"),
     (lambda: ta(F32, -3), "must be positive"),
@@ -77,6 +79,7 @@ def test_shape_helpers():
     (T("Zip", tp(V(3), M(3, 2))), tp(V(3), M(3, 2)), ta(tp(F32, V(2)), 3)),
     (T("DistR", tp(M(4, 2), V(5))), tp(M(4, 2), V(5)), ta(tp(V(2), V(5)), 4)),
     (T("Pad", 1, 2, V(3)), V(3), V(6)),
+    (T("PadWith", 2, 0, -float("inf"), M(3, 2)), M(3, 2), M(5, 2)),
     (T("Slice", 1, 2, V(3)), V(3), V(2)),
     (T("Map", T("VVRelu", V(3)), 5), M(5, 3), M(5, 3)),
     (T("Reduce", T("VVAdd", tp(V(3), V(3))), M(5, 3)), M(5, 3), V(3)),
@@ -105,6 +108,7 @@ def test_fin_and_fout(f, expected_in, expected_out):
     (T("Zip", tp(V(3), V(4))), "Zip of lengths"),
     (T("Zip", V(3)), "expects a pair"),
     (T("Pad", -1, 0, V(3)), "negative"),
+    (T("PadWith", 0, -2, 1.5, V(3)), "PadWith by negative"),
     (T("Slice", 2, 2, V(3)), "out of length"),
     (T("Slice", 0, 0, V(3)), "out of length"),
     (T("VVAdd", tp(V(3), V(4))), "VVAdd of"),
@@ -135,3 +139,9 @@ def test_egglog_declarations_cover_the_schema():
     text = egglog_declarations()
     for name, (_sort, args) in SCHEMA.items():
         assert f"({name} {' '.join(args)})" in text
+
+
+@pytest.mark.parametrize("fill, text", [(-float("inf"), "-inf"), (1e20, "1e+20"), (-0.5, "-0.5"), (0.0, "0.0")])
+def test_fill_values_print_as_egglog_floats(fill, text):
+    """A PadWith's fill is an f64 in egglog: written as a float literal, never an integer."""
+    assert T("PadWith", 1, 0, fill, V(2)).sexpr == f"(PadWith 1 0 {text} (TA (TS \"f32\") 2))"

@@ -144,3 +144,14 @@ def test_classes_overflowing_their_memory_are_left_out():
     graph = sat.serialize({"root": small}, sat.run(Budget()))
     assert extract_greedy(graph, graph.roots["root"], Size()).term == small
     assert extract_greedy(graph, graph.roots["root"], Placed()).term == large
+
+
+@pytest.mark.parametrize("fill", [-math.inf, 1e20, -1e-7, 2.5])
+def test_pad_fill_values_survive_the_egraph(fill):
+    """A PadWith's f64 fill goes into egglog and comes back out of the serialized e-graph the same
+    (egglog prints 1e+20 as 1e20 and -1e-07 as -1e-7): the root is found, the program keeps it."""
+    pad = T("PadWith", 1, 2, fill, V(N - 3))
+    term = T("App", comp(T("ToOutput", V(N)), T("VVRelu", V(N)), pad), T("Var", "x", V(N - 3)))
+    graph = saturated(term)
+    best = extract_greedy(graph, graph.roots["root"], TARGET.cost_model())
+    assert pad in list(best.term.walk())

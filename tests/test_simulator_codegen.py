@@ -266,6 +266,21 @@ def test_host_pads_inputs():
     assert any("Pad" in hb.what for hb in program.host_buffers)
 
 
+def test_host_pads_inputs_with_a_fill_value():
+    """PadWith of host data: the host writes the fill into the padded buffer (-inf stays -inf
+    through the device's max); on a computed value, codegen refuses naming the op."""
+    pad = T("PadWith", 1, 0, -np.inf, V(N - 1))
+    ops = T("Fork", comp(T("ToChip", VRF, V(N)), pad), T("Const", T("App", T("ToChip", VRF, V(N)), T("Var", "y", V(N))),
+                                                            V(N - 1)))
+    program = generate(T("App", comp(T("ToOutput", V(N)), dev("vv_max"), ops), T("Var", "x", V(N - 1))), TARGET)
+    x, y = np.array([-1.0, 2.0, -3.0], np.float32), np.array([-np.inf, -4.0, 3.0, -6.0], np.float32)
+    np.testing.assert_array_equal(simulate(program, N, {"x": x, "y": y}).output, [-np.inf, -1.0, 3.0, -3.0])
+    assert any(hb.what.startswith("PadWith(1, 0, -inf)") for hb in program.host_buffers)
+    computed = comp(T("ToOutput", V(N + 1)), T("PadWith", 0, 1, -np.inf, V(N)), dev("v_relu"), T("ToChip", VRF, V(N)))
+    with pytest.raises(CodegenError, match=r"PadWith\(fill -inf\) of a computed value"):
+        generate(T("App", computed, T("Var", "x", V(N))), TARGET)
+
+
 def test_pair_operands_come_from_both_register_files():
     a, b = (T("Var", n, V(N)) for n in "ab")
     operands = T("Fork", comp(T("ToChip", VRF, V(N)), T("Fst", tp(V(N), V(N)))),
