@@ -17,7 +17,7 @@ from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
 from frontend.layers import LayerSpec, Model, build_model
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Program
-from hwmodels.simulator import simulate
+from hwmodels.simulator import SimResult, simulate
 from hwmodels.target import Target
 from liftsat.rulesets import shared_rules, target_rules
 from liftsat.targets import get_target
@@ -193,21 +193,29 @@ def _predicted(term: Term, target: Target) -> float:
     return model.scalar(dag_cost(term, model))
 
 
+def run_checked(program: Program, model: Model, target: Target,
+                functional: bool) -> tuple[SimResult, np.ndarray | None, float, float]:
+    """Simulate a program timing-only and, when functional, with values too (both must give the
+    same cycles): the timing run, the output in the model's shape and its largest absolute and
+    relative errors against the model's reference (None and NaN without values)."""
+    timing = simulate(program, target.native_dim, None, functional=False)
+    if not functional:
+        return timing, None, math.nan, math.nan
+    run = simulate(program, target.native_dim, model.env, functional=True)
+    if timing.cycles != run.cycles:
+        raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
+    out = run.output.reshape(model.output_shape)
+    err = np.abs(out.astype(np.float64) - model.reference)
+    scale = max(float(np.abs(model.reference).max()), 1e-30)
+    return timing, out, float(err.max()), float(err.max() / scale)
+
+
 def _measure(model: Model, target: Target, best: Extracted, stats: SaturationStats, extract_seconds: float,
              functional: bool) -> Result:
     """Generate the extracted program, simulate it (timing-only, and with values when functional:
     both must give the same cycles) and check its output against the model's reference."""
     program = generate(best.term, target)
-    timing = simulate(program, target.native_dim, None, functional=False)
-    out, abs_err, rel_err = None, math.nan, math.nan
-    if functional:
-        run = simulate(program, target.native_dim, model.env, functional=True)
-        if timing.cycles != run.cycles:
-            raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
-        out = run.output.reshape(model.output_shape)
-        err = np.abs(out.astype(np.float64) - model.reference)
-        scale = max(float(np.abs(model.reference).max()), 1e-30)
-        abs_err, rel_err = float(err.max()), float(err.max() / scale)
+    timing, out, abs_err, rel_err = run_checked(program, model, target, functional)
     roof = roofline_cycles(model, target)
     return Result(
         target=target.name, layers=[str(s) for s in model.layers], input_shape=model.input_shape,
