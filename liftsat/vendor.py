@@ -110,11 +110,13 @@ class Ops:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a template chose for one layer: rows per band, bands, and where the weights live."""
+    """What a template chose for one layer: rows per band, bands, where the weights live
+    (pinned, streamed, or none), and the vendor schedule it follows."""
 
     band: int
     bands: int
     weights: str
+    schedule: str
 
 
 def _where(model: Model) -> str:
@@ -192,15 +194,17 @@ def _gemm_need(ops: Ops, target: Target, kt: int, j: int, bias: bool, act: bool,
     """Elements per memory the GEMM template holds for r rows per band (what codegen allocates)."""
     n = target.native_dim
     (mspace, vspace), rspace = ops.mv.operand_spaces, ops.mv.result_space
-    weights = j * kt * n * n if pinned else n * n
     staging = target.memories[mspace].load_from
 
     def need(r: int) -> dict[str, int]:
         use = dict.fromkeys(target.memories, 0)
         use[vspace] += r * kt * n
-        use[mspace] += weights
-        if staging:
-            use[staging] += weights
+        if pinned:
+            use[mspace] += j * kt * n * n
+            use[staging or mspace] += j * kt * n * n if staging else 0
+        else:
+            use[staging or mspace] += kt * n * n
+            use[mspace] += n * n if staging else 0
         use[rspace] += (j * n if bias else 0) + kt * r * n + (r * n if kt > 1 else 0) + (n if bias and act else 0) + j * r * n
         return use
 
@@ -248,7 +252,8 @@ def _gemm_term(g: Gemm, target: Target, template: Template, ops: Ops) -> tuple[T
     x_t, c_t = s.t, ty(consts)
     s.then(T("Fork", T("Id", x_t), T("Const", consts, x_t)))
     s.then(T("DistR", s.t))
-    s.then(T("Map", _band(x_t.args[0], c_t, ops, None if pinned else mspace, act), bands))
+    stream = None if pinned else (target.memories[mspace].load_from or mspace, mspace)
+    s.then(T("Map", _band(x_t.args[0], c_t, ops, stream, act), bands))
     s.then(T("Join", s.t))
     s.then(T("Map", T("Join", s.t.args[0]), mp))
     if mp > m:
@@ -257,7 +262,7 @@ def _gemm_term(g: Gemm, target: Target, template: Template, ops: Ops) -> tuple[T
         s.then(T("Map", T("Slice", 0, o, s.t.args[0]), m))
     if g.post is not None:
         s.then(g.post)
-    plan = Plan(rows, bands, "pinned" if pinned else "streamed")
+    plan = Plan(rows, bands, "pinned" if pinned else "streamed", template.doc)
     return T("App", comp(*reversed(s.parts)), g.inp), plan
 
 
@@ -278,7 +283,7 @@ def _tiles(w: Term, n: int, pin: str | None) -> Term:
     return tiles if pin is None else T("App", T("ToChip", pin, ty(tiles)), tiles)
 
 
-def _band(band_t: Term, c_t: Term, ops: Ops, stream: str | None, act: DeviceOp | None) -> Term:
+def _band(band_t: Term, c_t: Term, ops: Ops, stream: tuple[str, str] | None, act: DeviceOp | None) -> Term:
     """One band of rows [rows][kt][n] with the constants (tiles, or (tiles, bias)): read the band
     on chip, per output tile j the products, their sum, bias and activation, then write the
     band's [rows][j][n] results."""
@@ -292,19 +297,24 @@ def _band(band_t: Term, c_t: Term, ops: Ops, stream: str | None, act: DeviceOp |
     return comp(T("ToOutput", fout(back)), back, T("Map", per_j, j), T("DistR", tp(wb_t, xs_t)), T("Fork", wb, xs))
 
 
-def _output_tile(jt: Term, xs_t: Term, ops: Ops, stream: str | None, act: DeviceOp | None) -> Term:
+def _output_tile(jt: Term, xs_t: Term, ops: Ops, stream: tuple[str, str] | None, act: DeviceOp | None) -> Term:
     """(tiles of output tile j [kt][n][n], or (those, bias tile j)), band on chip [kt][rows][n])
-    -> [rows][n]: per input tile k, the tile (moved on chip to `stream` when not pinned) times
-    every row of the band; the kt products summed; bias added and activation applied per row."""
+    -> [rows][n]: per input tile k, the tile times every row of the band; the kt products summed;
+    bias added and activation applied per row. Streamed weights (`stream`: the memory tile row j
+    is loaded into, then the one a tile is moved to from there, if another) are loaded per output
+    tile, all its kt tiles at once, so that their loads overlap."""
     in_t = tp(jt, xs_t)
     biased = jt.op == "TP"
     w_j = T("Comp", T("Fst", jt), T("Fst", in_t)) if biased else T("Fst", in_t)
     wj_t = fout(w_j)
     kt, tile_t = wj_t.args[1], wj_t.args[0]
+    if stream is not None:
+        w_j = T("Comp", T("ToChip", stream[0], wj_t), w_j)
     rn_t = xs_t.args[0]
     rows, vec = rn_t.args[1], rn_t.args[0]
     kin = tp(tile_t, rn_t)
-    tile = T("Fst", kin) if stream is None else T("Comp", T("ToChip", stream, tile_t), T("Fst", kin))
+    tile = T("Fst", kin) if stream is None or stream[0] == stream[1] else T("Comp", T("ToChip", stream[1], tile_t),
+                                                                             T("Fst", kin))
     mv_in = tp(vec, tile_t)
     mv = T("Comp", ops.mv.term, T("Fork", T("Snd", mv_in), T("Fst", mv_in)))
     per_k = comp(T("Map", mv, rows), T("DistR", tp(rn_t, tile_t)), T("Fork", T("Snd", kin), tile))
@@ -319,6 +329,10 @@ def _output_tile(jt: Term, xs_t: Term, ops: Ops, stream: str | None, act: Device
         bias_j = T("Comp", T("Snd", jt), T("Fst", in_t))
         return comp(T("Map", epi, rows), T("DistR", tp(rn_t, vec)), T("Fork", acc, bias_j))
     return acc if act is None else T("Comp", T("Map", act.term, rows), acc)
+
+
+#: the schedule of one activation on its own, the same on every target
+ELEMENTWISE = "elementwise: per band of native vectors the activation's memory holds: load, activate, write"
 
 
 def _elementwise_term(model: Model, target: Target) -> tuple[Term, Plan]:
@@ -346,7 +360,7 @@ def _elementwise_term(model: Model, target: Target) -> tuple[Term, Plan]:
     s.then(T("Join", s.t))
     if rows * bands * n > e:
         s.then(T("Slice", 0, e, s.t))
-    return T("App", comp(*reversed(s.parts)), inp), Plan(rows, bands, "none")
+    return T("App", comp(*reversed(s.parts)), inp), Plan(rows, bands, "none", ELEMENTWISE)
 
 
 def vendor_program(model: Model, target: Target) -> tuple[Term, Plan]:
@@ -356,7 +370,10 @@ def vendor_program(model: Model, target: Target) -> tuple[Term, Plan]:
     if template is None:
         raise VendorUnsupported(f"no vendor template for target {target.name} (built-in targets only: "
                                 f"{', '.join(TEMPLATES)})")
-    g = as_gemm(model)
+    try:
+        g = as_gemm(model)
+    except VendorUnsupported as exc:
+        raise VendorUnsupported(f"{exc}, on {target.name}") from None
     if g is None:
         return _elementwise_term(model, target)
     return _gemm_term(g, target, template, Ops.of(target))
@@ -367,7 +384,6 @@ class VendorResult:
     """A vendor template's program for a layer stack on a target, simulated and checked."""
 
     target: str
-    template: str
     plan: Plan
     term: Term
     program: Program
@@ -387,6 +403,5 @@ def vendor(layers: list[str], input_shape: tuple[int, ...], target: str | Target
     term, plan = vendor_program(model, tgt)
     program = generate(term, tgt)
     timing, _, abs_err, rel_err = run_checked(program, model, tgt, functional)
-    doc = TEMPLATES[tgt.name].doc if as_gemm(model) is not None else "elementwise: load, activate, write, in bands"
-    return VendorResult(tgt.name, doc, plan, term, program, timing.cycles, timing.setup_cycles,
-                        program.histogram(), abs_err, rel_err)
+    return VendorResult(tgt.name, plan, term, program, timing.cycles, timing.setup_cycles, program.histogram(),
+                        abs_err, rel_err)
