@@ -62,10 +62,10 @@ def rows_for(name: str, layers: list[str], shape: tuple[int, ...], targets: list
     t0 = time.perf_counter()
     both = optimize_targets(layers, shape, targets, functional=False)
     shared_seconds = time.perf_counter() - t0
-    mine: dict[str, object] = {r.target: r for r in both.results}
+    results = {r.target: r for r in both.results}
     rows = []
-    for t in [r.target for r in both.results] + list(both.failures):
-        r = mine.get(t)
+    for t in list(results) + list(both.failures):
+        r = results.get(t)
         cycles = r.cycles if r is not None else None
         vend, base = vendor_cycles(layers, shape, t), phase_ordered_cycles(layers, shape, t)
         rows.append({"layer": name, "target": t, "cycles": cycles, "vendor": vend, "phase_ordered": base,
@@ -93,7 +93,8 @@ def main() -> None:
         layers = layers[:4]
     rows = [row for layer in layers for row in rows_for(*layer, args.targets)]
     print(f"liftsat vs vendor templates and phase-ordered rewriting: {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, egglog {importlib.metadata.version('egglog')}; timing-only, full size\n")
+          f"Python {platform.python_version()}, egglog {importlib.metadata.version('egglog')}; "
+          f"timing-only, full size\n")
     print("| layer | target | liftsat cycles | vendor | phase-ordered | liftsat / vendor | "
           "liftsat / phase-ordered | greedy extraction s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -17,12 +17,14 @@ The GEMM template, for rows in bands of R (inputs [M][K], weights [O][K] in N x 
         accumulate the k products; add the bias tile j; activate
       write the band's outputs
 
-Per target (`TEMPLATES`): the band size (one row, or as many rows as the memories hold) and
-whether weights that fit on chip are pinned there at deployment.
+Per target (`TEMPLATES`): the band size, one row or as many rows as the memories hold. Weights
+that fit on chip are pinned there at deployment (where the target keeps weights), like
+liftsat's; others are streamed, each output tile's row of weight tiles loaded when it starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from egraph_rules.hardware_rules import DeviceOp
@@ -42,31 +44,31 @@ class VendorUnsupported(ValueError):
 
 @dataclass(frozen=True)
 class Template:
-    """A target's fixed GEMM template: rows per band (0: as many as the memories hold) and
-    whether weights that fit on chip are pinned there; `doc` says which vendor schedule it is."""
+    """A target's fixed GEMM template: rows per band (0: as many as the memories hold; weights
+    that fit on chip are pinned there when the target keeps weights); `doc` names the vendor
+    schedule it follows."""
 
     band: int
-    pin: bool
     doc: str
 
 
 #: the vendor template of each built-in target
 TEMPLATES: dict[str, Template] = {
-    "brainwave": Template(1, True, "BrainWave firmware FC: per input row, per output tile: read the row's "
-                          "input tiles, mv_mul each weight tile, accumulate with vv_add, add the bias, "
-                          "activate, write; weights pinned in the MRF when they fit, else streamed tile by tile"),
-    "systolic": Template(0, True, "Gemmini tiled weight-stationary loop: per band of rows the accumulator "
-                         "holds, per weight tile (j, k): mvin and preload it once, stream every row of the band "
-                         "through compute; accumulate over k, add the bias, activate on mvout"),
-    "vta": Template(0, True, "TVM's VTA GEMM schedule, output-stationary over row tiles: per tile of rows the "
+    "brainwave": Template(1, "BrainWave firmware FC: per input row, per output tile: read the row's input tiles, "
+                          "mv_mul each weight tile, accumulate with vv_add, add the bias, activate, write; weights "
+                          "pinned in the MRF when they fit, else streamed tile by tile"),
+    "systolic": Template(0, "Gemmini tiled weight-stationary loop: per band of rows the accumulator holds, per "
+                         "output block: mvin its weight tiles to the scratchpad, then per tile preload it once and "
+                         "stream every row of the band through compute; accumulate, add the bias, activate, mvout"),
+    "vta": Template(0, "TVM's VTA GEMM schedule, output-stationary over row tiles: per tile of rows the "
                     "accumulator holds, per output block: GEMM over the input blocks into the accumulator, then "
                     "ALU bias and activation, STORE; weights kept in the weight buffer when they fit"),
-    "snowflake": Template(1, True, "Snowflake vector-MAC tiling: per map trace row, per 16 x 16 weight block "
-                          "row: MAC traces over the input blocks, VMOV-accumulate, bias, activation, TMOV; weights "
-                          "kept in the weights buffer when they fit"),
-    "cpu": Template(0, True, "blocked GEMM loop (BLIS-style): a panel of rows that fits the cache, per W-wide "
-                    "column block, the W x W FMA micro-kernel over K, then bias and activation; weights kept in "
-                    "the cache when they fit"),
+    "snowflake": Template(1, "Snowflake vector-MAC tiling: per map trace row, per row of 16 x 16 weight blocks: "
+                          "MAC traces over the input blocks, VMOV-accumulate, bias, activation, TMOV; weights kept in "
+                          "the weights buffer when they fit"),
+    "cpu": Template(0, "blocked GEMM loop (BLIS-style): a panel of rows that fits the cache, per W-wide column "
+                    "block, the W x W FMA micro-kernel over K, then bias and activation; weights kept in the cache "
+                    "when they fit"),
 }
 
 
@@ -136,17 +138,17 @@ def as_gemm(model: Model) -> Gemm | None:
     elif len(names) != 1:
         raise VendorUnsupported(f"{_where(model)}: vendor templates cover one Linear, MatMul or Conv2d, "
                                 f"optionally followed by ReLU, Tanh or Sigmoid, or one activation alone")
-    linear = next((n for n in model.term.walk() if n.op in ("Linear", "LinearNB")), None)
     if names[0] == "MatMul":
         b = next(n for n in model.term.walk() if n.op == "Const").args[0]  # [K][O]
         return Gemm(inp, None, T("App", T("Transpose", ty(b)), b), None, None, None)
+    linear = next((n for n in model.term.walk() if n.op in ("Linear", "LinearNB")), None)
+    bias = linear.args[1] if linear is not None and linear.op == "Linear" else None
     if names[0] == "Linear" and len(model.input_shape) == 2:
         rows = T("Split", numel(ty(inp)), ty(inp)) if model.input_shape[0] == 1 else None
-        return Gemm(inp, rows, linear.args[0], linear.args[1] if linear.op == "Linear" else None, act, None)
-    if names[0] == "Conv2d" and linear is not None:
-        o = shape_of(ty(linear.args[0]))[0]
-        rows, post = _im2col(model, o)
-        return Gemm(inp, rows, linear.args[0], linear.args[1] if linear.op == "Linear" else None, act, post)
+        return Gemm(inp, rows, linear.args[0], bias, act, None)
+    if names[0] == "Conv2d" and linear is not None:  # a depthwise convolution has no Linear
+        rows, post = _im2col(model, shape_of(ty(linear.args[0]))[0])
+        return Gemm(inp, rows, linear.args[0], bias, act, post)
     raise VendorUnsupported(f"{_where(model)}: no vendor template for {model.layers[0]} (templates: Linear, MatMul, "
                             f"dense or grouped Conv2d, activations)")
 
@@ -169,7 +171,7 @@ def _im2col(model: Model, o: int) -> tuple[Term, Term]:
     return im2col, T("Comp", T("Map", T("Transpose", tensor_type(model.dtype, (pixels, o))), n), split)
 
 
-def _rows_that_fit(need, target: Target, most: int) -> int:
+def _rows_that_fit(need: Callable[[int], dict[str, int]], target: Target, most: int) -> int:
     """The most rows per band (at most `most`) whose on-chip needs fit every memory; `need(r)`
     gives the elements each memory holds for r rows, linear in r (0: not even one row fits)."""
     base, per = need(0), need(1)
@@ -190,22 +192,25 @@ def _balanced(m: int, most: int) -> tuple[int, int]:
     return -(-m // bands), bands
 
 
-def _gemm_need(ops: Ops, target: Target, kt: int, j: int, bias: bool, act: bool, pinned: bool):
-    """Elements per memory the GEMM template holds for r rows per band (what codegen allocates)."""
+def _gemm_need(ops: Ops, target: Target, kt: int, j: int, bias: bool, act: bool,
+               pinned: bool) -> Callable[[int], dict[str, int]]:
+    """Elements per memory the GEMM template holds for r rows per band (what codegen allocates):
+    the band's inputs; the weights (all tiles when pinned, one output tile's row of them when
+    streamed, staged through the memory the weights' memory is loaded from, if any); the bias,
+    the products, their sum and the band's results."""
     n = target.native_dim
     (mspace, vspace), rspace = ops.mv.operand_spaces, ops.mv.result_space
     staging = target.memories[mspace].load_from
+    weights = (j if pinned else 1) * kt * n * n
 
     def need(r: int) -> dict[str, int]:
         use = dict.fromkeys(target.memories, 0)
         use[vspace] += r * kt * n
-        if pinned:
-            use[mspace] += j * kt * n * n
-            use[staging or mspace] += j * kt * n * n if staging else 0
-        else:
-            use[staging or mspace] += kt * n * n
-            use[mspace] += n * n if staging else 0
-        use[rspace] += (j * n if bias else 0) + kt * r * n + (r * n if kt > 1 else 0) + (n if bias and act else 0) + j * r * n
+        if staging:
+            use[staging] += weights
+        use[mspace] += weights if pinned or not staging else n * n
+        use[rspace] += (j * n if bias else 0) + (n if bias and act else 0)
+        use[rspace] += kt * r * n + (r * n if kt > 1 else 0) + j * r * n
         return use
 
     return need
@@ -215,7 +220,7 @@ def _gemm_term(g: Gemm, target: Target, template: Template, ops: Ops) -> tuple[T
     """The template's program for a GEMM: rows in bands, weights in N x N tiles (see the module
     docstring), padded by the host to whole tiles."""
     n = target.native_dim
-    (mspace, vspace), rspace = ops.mv.operand_spaces, ops.mv.result_space
+    mspace, rspace = ops.mv.operand_spaces[0], ops.mv.result_space
     act = None
     if g.act is not None:
         act = ops.acts.get(g.act)
@@ -227,7 +232,7 @@ def _gemm_term(g: Gemm, target: Target, template: Template, ops: Ops) -> tuple[T
     m, k = shape_of(s.t)
     o = shape_of(ty(g.weight))[0]
     kt, j = -(-k // n), -(-o // n)
-    for pinned in (True, False) if template.pin and target.persistent_weights else (False,):
+    for pinned in (True, False) if target.persistent_weights else (False,):
         most = _rows_that_fit(_gemm_need(ops, target, kt, j, g.bias is not None, act is not None, pinned), target, m)
         if most:
             break
@@ -313,8 +318,9 @@ def _output_tile(jt: Term, xs_t: Term, ops: Ops, stream: tuple[str, str] | None,
     rn_t = xs_t.args[0]
     rows, vec = rn_t.args[1], rn_t.args[0]
     kin = tp(tile_t, rn_t)
-    tile = T("Fst", kin) if stream is None or stream[0] == stream[1] else T("Comp", T("ToChip", stream[1], tile_t),
-                                                                             T("Fst", kin))
+    tile = T("Fst", kin)
+    if stream is not None and stream[1] != stream[0]:
+        tile = T("Comp", T("ToChip", stream[1], tile_t), tile)
     mv_in = tp(vec, tile_t)
     mv = T("Comp", ops.mv.term, T("Fork", T("Snd", mv_in), T("Fst", mv_in)))
     per_k = comp(T("Map", mv, rows), T("DistR", tp(rn_t, tile_t)), T("Fork", T("Snd", kin), tile))
