@@ -7,8 +7,10 @@ simulated: the target's hand-written vendor template (`liftsat.vendor`: a fixed 
 target, built as a device program without the e-graph; "–" where no template covers the layer)
 and phase-ordered rewriting (`liftsat.baselines.phase_ordered`: lower, tile, restructure,
 committing to one program after each phase). Printed: simulated cycles, liftsat ÷ each
-baseline (below 1: the e-graph wins), greedy extraction seconds per target, and the geometric
-mean of the ratios per target and overall.
+baseline (below 1: the e-graph wins), greedy extraction seconds per target, the geometric
+mean of the ratios per target and overall, and, where liftsat is slower than the vendor
+template, the cost model's predictions for both programs (is the vendor program missing from
+the e-graph, or misranked by the model?).
 
 Usage: python benchmarks/baselines.py [--targets NAME ...] [--quick] [--json PATH]"""
 
@@ -28,7 +30,7 @@ from extraction.greedy import ExtractionError
 from frontend.layers import build_model
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.simulator import simulate
-from liftsat.api import optimize_targets
+from liftsat.api import optimize_targets, predicted_cycles
 from liftsat.baselines import phase_ordered
 from liftsat.targets import BUILTIN, get_target
 from liftsat.vendor import VendorUnsupported, vendor
@@ -48,12 +50,14 @@ def phase_ordered_cycles(layers: list[str], shape: tuple[int, ...], target: str)
         return None
 
 
-def vendor_cycles(layers: list[str], shape: tuple[int, ...], target: str) -> int | None:
-    """Simulated cycles of the target's vendor template (None: no template covers the layer)."""
+def vendor_cycles(layers: list[str], shape: tuple[int, ...], target: str) -> tuple[int | None, float | None]:
+    """Simulated cycles of the target's vendor template and the cost model's prediction for it
+    (None, None: no template covers the layer)."""
     try:
-        return vendor(layers, shape, target, functional=False).cycles
+        v = vendor(layers, shape, target, functional=False)
     except VendorUnsupported:
-        return None
+        return None, None
+    return v.cycles, predicted_cycles(v.term, get_target(target))
 
 
 def rows_for(name: str, layers: list[str], shape: tuple[int, ...], targets: list[str]) -> list[dict]:
@@ -67,8 +71,9 @@ def rows_for(name: str, layers: list[str], shape: tuple[int, ...], targets: list
     for t in list(results) + list(both.failures):
         r = results.get(t)
         cycles = r.cycles if r is not None else None
-        vend, base = vendor_cycles(layers, shape, t), phase_ordered_cycles(layers, shape, t)
+        (vend, vend_pred), base = vendor_cycles(layers, shape, t), phase_ordered_cycles(layers, shape, t)
         rows.append({"layer": name, "target": t, "cycles": cycles, "vendor": vend, "phase_ordered": base,
+                     "predicted": r.predicted_cycles if r is not None else None, "vendor_predicted": vend_pred,
                      "ratio_vendor": cycles / vend if cycles and vend else None,
                      "ratio": cycles / base if cycles and base else None,
                      "extract_seconds": r.extract_seconds if r is not None else None,
@@ -112,6 +117,17 @@ def main() -> None:
         ordered = [r["ratio"] for r in mine if r["ratio"]]
         ext = max((r["extract_seconds"] for r in mine if r["extract_seconds"] is not None), default=math.nan)
         print(f"| {t} | {geomean(vend):.3f} | {len(vend)} | {geomean(ordered):.3f} | {len(ordered)} | {ext:.2f} |")
+    slower = [r for r in rows if r["ratio_vendor"] and r["ratio_vendor"] > 1]
+    print("\nWhere liftsat is slower than the vendor template, the cost model's view of both programs: when it "
+          "predicts the vendor program cheaper, the e-graph lacks it (a missing rule or a too-strict guard); "
+          "otherwise the model misranks them.\n")
+    print("| layer | target | liftsat / vendor | liftsat predicted | vendor predicted | why |")
+    print("|---|---|---|---|---|---|")
+    for r in slower:
+        why = ("not in the e-graph" if r["vendor_predicted"] < r["predicted"] else
+               "the model cannot tell them apart" if r["vendor_predicted"] == r["predicted"] else "cost model misranks")
+        print(f"| {r['layer']} | {r['target']} | {r['ratio_vendor']:.3f} | {r['predicted']:.0f} | "
+              f"{r['vendor_predicted']:.0f} | {why} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

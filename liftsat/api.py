@@ -186,7 +186,7 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
     return graph.stats, best, seconds
 
 
-def _predicted(term: Term, target: Target) -> float:
+def predicted_cycles(term: Term, target: Target) -> float:
     """The cost model's cycles for a program as code generation compiles it: a sub-term applied
     twice to the same value is compiled, and paid for, once."""
     model = target.cost_model()
@@ -220,7 +220,7 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
     return Result(
         target=target.name, layers=[str(s) for s in model.layers], input_shape=model.input_shape,
         output_shape=model.output_shape, cycles=timing.cycles, setup_cycles=timing.setup_cycles,
-        predicted_cycles=_predicted(best.term, target), roofline_cycles=roof, efficiency=roof / timing.cycles,
+        predicted_cycles=predicted_cycles(best.term, target), roofline_cycles=roof, efficiency=roof / timing.cycles,
         max_abs_error=abs_err, max_rel_error=rel_err, egraph=stats,
         extract_seconds=extract_seconds, instructions=program.static_count(),
         dynamic_instructions=program.dynamic_count(), ops=program.histogram(),
@@ -258,7 +258,7 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
-            unbuildable.append(f"predicted {_predicted(program.term, target):.0f} cycles: {exc}")
+            unbuildable.append(f"predicted {predicted_cycles(program.term, target):.0f} cycles: {exc}")
             continue
         if result is None:
             result = measured
