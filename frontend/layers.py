@@ -68,7 +68,7 @@ CELLS = {"GRUCell": 3, "LSTMCell": 4, "RNNCell": 1}
 SEQUENCES = {"GRU": "GRUCell", "LSTM": "LSTMCell", "RNN": "RNNCell"}
 #: string arguments and the values they take
 CHOICES: dict[str, tuple[str, ...]] = {"nonlinearity": tuple(RNN_NONLINEARITIES), "padding_mode": ("zeros",)}
-#: window sizes of image layers: an int or a pair (rows, columns), checked by _window
+#: window sizes of image layers: an int or a pair (rows, columns), checked by parse_window
 WINDOW = {"kernel_size", "stride", "padding", "dilation"}
 #: dimension indices (negative ones count from the end), checked by the layer that takes them
 DIMS = {"start_dim", "end_dim"}
@@ -402,7 +402,7 @@ def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generat
                  (m * k + m * n) * 4, dtype, ["B"])
 
 
-def _window(where: str, p: dict) -> Window:
+def parse_window(where: str, p: dict) -> Window:
     """The window sizes of a conv or pool layer as pairs, each checked (stride None: the kernel)."""
     sizes = {}
     for name, least in (("kernel_size", 1), ("stride", 1), ("padding", 0), ("dilation", 1)):
@@ -433,7 +433,7 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
     if spec.name not in SPATIAL:
         raise LayerError(f"{where}: a {spec.name} layer cannot take an image (its input is "
                          f"{c}x{h}x{w} channels x rows x columns)")
-    win = _window(where, p)
+    win = parse_window(where, p)
     if spec.name == "MaxPool2d":
         for flag, ok in (("return_indices", False), ("ceil_mode", False)):
             if p[flag] != ok:

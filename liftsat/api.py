@@ -17,7 +17,7 @@ from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
 from frontend.layers import LayerSpec, Model, build_model
 from hwmodels.codegen import CodegenError, generate
 from hwmodels.isa import Program
-from hwmodels.simulator import simulate
+from hwmodels.simulator import SimResult, simulate
 from hwmodels.target import Target
 from liftsat.rulesets import shared_rules, target_rules
 from liftsat.targets import get_target
@@ -186,11 +186,28 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
     return graph.stats, best, seconds
 
 
-def _predicted(term: Term, target: Target) -> float:
+def predicted_cycles(term: Term, target: Target) -> float:
     """The cost model's cycles for a program as code generation compiles it: a sub-term applied
     twice to the same value is compiled, and paid for, once."""
     model = target.cost_model()
     return model.scalar(dag_cost(term, model))
+
+
+def run_checked(program: Program, model: Model, target: Target,
+                functional: bool) -> tuple[SimResult, np.ndarray | None, float, float]:
+    """Simulate a program timing-only and, when functional, with values too (both must give the
+    same cycles): the timing run, the output in the model's shape and its largest absolute and
+    relative errors against the model's reference (None and NaN without values)."""
+    timing = simulate(program, target.native_dim, None, functional=False)
+    if not functional:
+        return timing, None, math.nan, math.nan
+    run = simulate(program, target.native_dim, model.env, functional=True)
+    if timing.cycles != run.cycles:
+        raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
+    out = run.output.reshape(model.output_shape)
+    err = np.abs(out.astype(np.float64) - model.reference)
+    scale = max(float(np.abs(model.reference).max()), 1e-30)
+    return timing, out, float(err.max()), float(err.max() / scale)
 
 
 def _measure(model: Model, target: Target, best: Extracted, stats: SaturationStats, extract_seconds: float,
@@ -198,21 +215,12 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
     """Generate the extracted program, simulate it (timing-only, and with values when functional:
     both must give the same cycles) and check its output against the model's reference."""
     program = generate(best.term, target)
-    timing = simulate(program, target.native_dim, None, functional=False)
-    out, abs_err, rel_err = None, math.nan, math.nan
-    if functional:
-        run = simulate(program, target.native_dim, model.env, functional=True)
-        if timing.cycles != run.cycles:
-            raise SimulationMismatch(f"functional {run.cycles} vs timing-only {timing.cycles} cycles")
-        out = run.output.reshape(model.output_shape)
-        err = np.abs(out.astype(np.float64) - model.reference)
-        scale = max(float(np.abs(model.reference).max()), 1e-30)
-        abs_err, rel_err = float(err.max()), float(err.max() / scale)
+    timing, out, abs_err, rel_err = run_checked(program, model, target, functional)
     roof = roofline_cycles(model, target)
     return Result(
         target=target.name, layers=[str(s) for s in model.layers], input_shape=model.input_shape,
         output_shape=model.output_shape, cycles=timing.cycles, setup_cycles=timing.setup_cycles,
-        predicted_cycles=_predicted(best.term, target), roofline_cycles=roof, efficiency=roof / timing.cycles,
+        predicted_cycles=predicted_cycles(best.term, target), roofline_cycles=roof, efficiency=roof / timing.cycles,
         max_abs_error=abs_err, max_rel_error=rel_err, egraph=stats,
         extract_seconds=extract_seconds, instructions=program.static_count(),
         dynamic_instructions=program.dynamic_count(), ops=program.histogram(),
@@ -279,7 +287,7 @@ def _first_buildable(model: Model, target: Target, graph: SaturatedGraph, best: 
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
-            unbuildable.append(f"predicted {_predicted(program.term, target):.0f} cycles: {exc}")
+            unbuildable.append(f"predicted {predicted_cycles(program.term, target):.0f} cycles: {exc}")
             continue
         if result is None:
             result = measured
