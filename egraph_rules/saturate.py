@@ -166,7 +166,7 @@ class Saturator:
         for n in data["nodes"].values():
             if n["op"] == "inspace":
                 f, space = n["children"]
-                spaces.setdefault(class_of[f], set()).add(data["nodes"][space]["op"].strip('"'))
+                spaces.setdefault(class_of[f], set()).add(primitive_value(data["nodes"][space]["op"]))
             elif n["op"] == "fout":
                 outputs[class_of[n["children"][0]]] = n["eclass"]
         return SaturatedGraph(nodes, classes, root_classes, stats,

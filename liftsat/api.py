@@ -15,7 +15,7 @@ from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
 from frontend.layers import LayerSpec, Model, build_model
-from hwmodels.codegen import CodegenError, generate
+from hwmodels.codegen import CapacityError, CodegenError, generate
 from hwmodels.isa import Program
 from hwmodels.simulator import SimResult, simulate
 from hwmodels.target import Target
@@ -247,10 +247,11 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     """The target's cheapest program from the shared e-graph, generated, simulated and checked;
     with alternatives > 1, also the next cheapest distinct programs up to that many in all (found
     by k-best extraction, reported in order of predicted cycles with shared sub-terms paid once,
-    which the k-best ranking by tree cost only approximates). The cost model checks capacity on
-    moves, stores and reductions only, so a program may still overflow an on-chip memory in
-    codegen: then the next cheapest that codegen lays out is taken, and the ones it could not are
-    listed in `unbuildable` with the reason."""
+    which the k-best ranking by tree cost only approximates). Extraction checks each value against
+    its memory, but codegen lays out all live values together, so a program may still overflow:
+    then the next cheapest that codegen lays out is taken; when none does and some overflowed,
+    extraction is retried with less room per value (`ROOM`). The programs codegen could not lay
+    out are listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     result, unbuildable = None, []
     for room in ROOM:
@@ -261,8 +262,9 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
             if room == ROOM[0]:
                 raise
             break  # with less room there is no program at all: report why the others overflowed
-        result = _first_buildable(model, cost_target, graph, best, seconds, functional, alternatives, unbuildable)
-        if result is not None or not any("overflow" in u for u in unbuildable):
+        result, overflowed = _first_buildable(model, cost_target, graph, best, seconds, functional, alternatives,
+                                              unbuildable)
+        if result is not None or not overflowed:
             break
     if result is None:
         raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
@@ -277,23 +279,25 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
 
 
 def _first_buildable(model: Model, target: Target, graph: SaturatedGraph, best: Extracted, seconds: float,
-                     functional: bool, alternatives: int, unbuildable: list[str]) -> Result | None:
-    """The cheapest candidate codegen lays out, with up to alternatives - 1 more; the others'
-    reasons are appended to `unbuildable`. None when no candidate lays out."""
-    result = None
+                     functional: bool, alternatives: int, unbuildable: list[str]) -> tuple[Result | None, bool]:
+    """The cheapest candidate codegen lays out, with up to alternatives - 1 more (None when none
+    lays out), and whether any overflowed an on-chip memory; the reasons of those codegen could
+    not lay out are appended to `unbuildable`."""
+    result, overflowed = None, False
     for program in _candidates(best, graph, target, alternatives):
         if result is not None and len(result.alternatives) == alternatives - 1:
             break
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
+            overflowed = overflowed or isinstance(exc, CapacityError)
             unbuildable.append(f"predicted {predicted_cycles(program.term, target):.0f} cycles: {exc}")
             continue
         if result is None:
             result = measured
         else:
             result.alternatives.append(measured)
-    return result
+    return result, overflowed
 
 
 def optimize(layers: list[str | LayerSpec], input_shape: tuple[int, ...], target: str | Target = "brainwave",

@@ -240,10 +240,7 @@ def _gemm_term(g: Gemm, target: Target, template: Template, ops: Ops) -> tuple[T
         raise VendorUnsupported(f"a {m}x{k} by {k}x{o} GEMM does not fit {target.name}'s memories one row at a time")
     rows, bands = _balanced(m, template.band or most)
     mp, kp, op_ = rows * bands, kt * n, j * n
-    if mp > m:
-        s.then(T("Pad", 0, mp - m, s.t))
-    if kp > k:
-        s.then(T("Map", T("Pad", 0, kp - k, s.t.args[0]), mp))
+    _pad_matrix(s, mp, kp)
     s.then(T("Map", T("Split", n, s.t.args[0]), mp))
     s.then(T("Split", rows, s.t))  # [bands][rows][kt][n]
     consts = _tiles(g.weight, n, mspace if pinned else None)
@@ -276,16 +273,22 @@ def _tiles(w: Term, n: int, pin: str | None) -> Term:
     jN.. and columns kN..), padded with zeros; moved to memory `pin` at setup when given."""
     s = Stages(ty(w))
     o, k = shape_of(s.t)
-    op_, kp = -(-o // n) * n, -(-k // n) * n
-    if op_ > o:
-        s.then(T("Pad", 0, op_ - o, s.t))
-    if kp > k:
-        s.then(T("Map", T("Pad", 0, kp - k, s.t.args[0]), op_))
+    op_ = -(-o // n) * n
+    _pad_matrix(s, op_, -(-k // n) * n)
     s.then(T("Split", n, s.t))  # [j][n][kp]
     s.then(T("Map", T("Map", T("Split", n, s.t.args[0].args[0]), n), op_ // n))  # [j][n][kt][n]
     s.then(T("Map", T("Transpose", s.t.args[0]), op_ // n))  # [j][kt][n][n]
     tiles = T("App", comp(*reversed(s.parts)), w)
     return tiles if pin is None else T("App", T("ToChip", pin, ty(tiles)), tiles)
+
+
+def _pad_matrix(s: Stages, rows: int, cols: int) -> None:
+    """Pad the matrix s makes with zero rows and columns up to rows x cols (a host layout)."""
+    m, k = shape_of(s.t)
+    if rows > m:
+        s.then(T("Pad", 0, rows - m, s.t))
+    if cols > k:
+        s.then(T("Map", T("Pad", 0, cols - k, s.t.args[0]), rows))
 
 
 def _band(band_t: Term, c_t: Term, ops: Ops, stream: tuple[str, str] | None, act: DeviceOp | None) -> Term:
