@@ -39,6 +39,10 @@ def _arr(elem: Term, *dims: int) -> Term:
 
 
 def _transposes() -> list[Rule]:
+    def ex_tt(rng):
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("Transpose", mat(m, n)), T("Transpose", mat(n, m)))
+
     def ex_mm(rng):
         n, m, p = pick(rng, 1, 4), pick(rng, 1, 4), pick(rng, 1, 3)
         return T("Comp", T("Map", T("Map", T("Pad", 0, 1, vec(p)), n), m), T("Transpose", _arr(vec(p), n, m)))
@@ -53,6 +57,10 @@ def _transposes() -> list[Rule]:
 
     mm = "(Map (Map f n) m)"
     return [
+        Rule("transpose-transpose", A, chain_rewrites(
+            ["(Transpose (TA (TA e n) m))", "(Transpose (TA (TA e m) n))"], ["(Id (TA (TA e m) n))"], A, subsume=True),
+             "none; one direction only, and it subsumes its left side (never introduced, never matched again)",
+             "Transpose . Transpose = Id: a simplification to the canonical form", ex_tt),
         Rule("map-map-interchange", A,
              chain_rewrites([mm, "(Transpose (TA (TA a m) n))"], ["(Transpose (TA (TA b m) n))", "(Map (Map f m) n)"],
                             A, ["(= b (fout f))"])
@@ -79,6 +87,10 @@ def _zips() -> list[Rule]:
         a, b = vec(2), vec(3)
         return T("Comp", T("Split", k, T("TA", tp(a, b), k * q)), T("Zip", tp(T("TA", a, k * q), T("TA", b, k * q))))
 
+    def ex_swap(rng):
+        k, m, p = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        return T("Comp", T("Map", T("Pad", 0, 1, vec(p)), k * m), T("Join", _arr(vec(p), m, k)))
+
     def ex_jz(rng):
         k, m = pick(rng, 1, 3), pick(rng, 1, 3)
         a, b = vec(2), vec(3)
@@ -103,6 +115,11 @@ def _zips() -> list[Rule]:
             ["(= k k2)", "(= m m2)"]),
              "both operands are joined from rows of the same length",
              "Zip . (Join x Join) = Join . Map Zip . Zip: Lift's joinFromZip", ex_jz),
+        Rule("join-map-swap", A, chain_rewrites(
+            ["(Map f km)", "(Join (TA (TA a k) m))"], ["(Join (TA (TA b k) m))", "(Map (Map f k) m)"], A,
+            ["(= km (* k m))", "(= b (fout f))"]),
+             "one direction only: a loop over a flattened array becomes loops over its rows (no new lengths)",
+             "Map f . Join = Join . Map (Map f): Lift's joinSwap, from right to left", ex_swap),
     ]
 
 
@@ -126,6 +143,14 @@ def _tiled(tile: int) -> list[Rule]:
         windows = N * pick(rng, 2, 3)
         return T("Slide", k, s, vec((windows - 1) * s + k + pick(rng, 0, s - 1)))
 
+    def ex_split_transpose(rng):
+        n, q = pick(rng, 1, 3), pick(rng, 2, 3)
+        return T("Comp", T("Split", N, mat(N * q, n)), T("Transpose", mat(n, N * q)))
+
+    def ex_split_join(rng):
+        n = N * pick(rng, 2, N)
+        return T("Comp", T("Map", T("VVTanh", vec(N)), n), T("Map", T("VVRelu", vec(N)), n))
+
     def red(op: str, length: str | int) -> str:
         return f"(Reduce ({op} (TP t t)) (TA t {length}))"
 
@@ -139,7 +164,24 @@ def _tiled(tile: int) -> list[Rule]:
 
     count = "(+ 1 (/ (- n k) s))"
     span = f"(+ (* {N} s) (- k s))"
+    tiles = f"(Comp (Join (TA (TA b {N}) (/ n {N}))) (Comp (Map (Map f {N}) (/ n {N})) {{}}))"
+    split = f"(Split {N} (TA a n))"
+    map_when = [f"(= 0 (% n {N}))", f"(> n {N})", f"(<= n {N * N})", f"(= b (TA (TS d) {N}))", "(= b (fout f))",
+                "(= a (fin f))"]
     return [
+        Rule(f"split-transpose/{N}", A, chain_rewrites(
+            [f"(Split {N} (TA (TA e n) m))", "(Transpose (TA (TA e m) n))"],
+            [f"(Map (Transpose (TA (TA e {N}) n)) (/ m {N}))", f"(Transpose (TA (TA (TA e {N}) (/ m {N})) n))",
+             f"(Map (Split {N} (TA e m)) n)"], A, [f"(> m {N})", "(= e (TS d))"]),
+             f"a matrix of scalars; the split is by the tile size {N} and makes more than one tile",
+             f"Split {N} . Transpose = Map Transpose . Transpose . Map (Split {N}): Lift's splitTranspose", ex_split_transpose),
+        Rule(f"map-split-join/{N}", A, (
+            rewrite("(Comp (Map f n) rest__)", tiles.format(f"(Comp {split} rest__)"), A, map_when),
+            rewrite("(Comp g (Map f n))", f"(Comp g {tiles.format(split)})", A, map_when)),
+             f"the map's length a multiple of the tile size {N}, from 2 to {N} tiles (one level); each iteration "
+             f"yields one {N}-element vector; only a map that is a stage of a composition (a map's own e-class "
+             f"holding a composition would hide the chains it starts from the chain rules)",
+             f"Map f = Join . Map (Map f) . Split {N}: Lift's splitJoin, tiles of a native size", ex_split_join),
         reduction("partial-reduce-split",
                   lambda op: f"(Comp {red(op, f'(/ n {N})')} (Comp (Map {red(op, N)} (/ n {N})) (Split {N} (TA t n))))",
                   "associative", f"Reduce f = Reduce f . Map (Reduce f) . Split {N}: partial reductions of {N} "
