@@ -107,10 +107,18 @@ def ty_of(x: Term) -> Term:
     return x.args[1]
 
 
-def test_transpose_transpose_is_the_identity():
+def test_transpose_transpose_in_front_of_a_stage_is_that_stage():
+    x = x_of(tensor_type("f32", (2, 3)))
+    relu = T("Map", T("VVRelu", V(3)), 2)
+    twice = T("App", comp(T("Transpose", tensor_type("f32", (3, 2))), T("Transpose", ty_of(x)), relu), x)
+    assert equal_in_egraph(twice, T("App", relu, x))
+
+
+def test_transpose_transpose_leaves_a_bare_value_alone():
+    """The guard: x = Transpose (Transpose x) would make the value's e-class cyclic."""
     x = x_of(tensor_type("f32", (2, 3)))
     twice = T("App", T("Transpose", tensor_type("f32", (3, 2))), T("App", T("Transpose", ty_of(x)), x))
-    assert equal_in_egraph(twice, x)
+    assert not equal_in_egraph(twice, x)
 
 
 def test_split_transpose_moves_the_split_before_the_transpose():
@@ -120,6 +128,16 @@ def test_split_transpose_moves_the_split_before_the_transpose():
     rhs = T("App", comp(T("Map", T("Transpose", tensor_type("f32", (n, N))), m // N),
                         T("Transpose", tensor_type("f32", (n, m // N, N))),
                         T("Map", T("Split", N, V(m)), n)), x)
+    assert equal_in_egraph(lhs, rhs)
+
+
+def test_map_split_transpose_moves_the_split_before_the_transpose():
+    n, m = 2 * N, 3
+    x = x_of(tensor_type("f32", (n, m)))
+    lhs = T("App", comp(T("Map", T("Split", N, V(n)), m), T("Transpose", ty_of(x))), x)
+    rhs = T("App", comp(T("Transpose", tensor_type("f32", (n // N, m, N))),
+                        T("Map", T("Transpose", tensor_type("f32", (N, m))), n // N),
+                        T("Split", N, ty_of(x))), x)
     assert equal_in_egraph(lhs, rhs)
 
 
