@@ -178,6 +178,13 @@ def _tiled(tile: int) -> list[Rule]:
                     f"the tile size {N}, longer than it and at most {N}^2 (one level of partial reductions: "
                     f"recursive splits with the interchange grew a GEMM's e-graph six-fold)", doc, ex_reduce)
 
+    def across_transpose(name: str, lhs: list[str], rhs: list[str], length: str, what: str, doc: str,
+                         example: Callable) -> Rule:
+        """A split by the tile size moved across a transpose of a matrix of scalars, when it makes
+        more than one tile (Lift's splitTranspose and mapSplitTranspose)."""
+        return Rule(f"{name}/{N}", A, chain_rewrites(lhs, rhs, A, [f"(> {length} {N})", "(= e (TS d))"]),
+                    f"a matrix of scalars; {what} by the tile size {N} into more than one tile", doc, example)
+
     count = "(+ 1 (/ (- n k) s))"
     span = f"(+ (* {N} s) (- k s))"
     tiles = f"(Comp (Join (TA (TA b {N}) (/ n {N}))) (Comp (Map (Map f {N}) (/ n {N})) {{}}))"
@@ -185,20 +192,18 @@ def _tiled(tile: int) -> list[Rule]:
     map_when = [f"(= 0 (% n {N}))", f"(> n {N})", f"(<= n {N * N})", f"(= b (TA (TS d) {N}))", "(= b (fout f))",
                 "(= a (fin f))"]
     return [
-        Rule(f"split-transpose/{N}", A, chain_rewrites(
-            [f"(Split {N} (TA (TA e n) m))", "(Transpose (TA (TA e m) n))"],
-            [f"(Map (Transpose (TA (TA e {N}) n)) (/ m {N}))", f"(Transpose (TA (TA (TA e {N}) (/ m {N})) n))",
-             f"(Map (Split {N} (TA e m)) n)"], A, [f"(> m {N})", "(= e (TS d))"]),
-             f"a matrix of scalars; the split is by the tile size {N} and makes more than one tile",
-             f"Split {N} . Transpose = Map Transpose . Transpose . Map (Split {N}): Lift's splitTranspose",
-             ex_split_transpose),
-        Rule(f"map-split-transpose/{N}", A, chain_rewrites(
-            [f"(Map (Split {N} (TA e n)) m)", "(Transpose (TA (TA e m) n))"],
-            [f"(Transpose (TA (TA (TA e {N}) m) (/ n {N})))", f"(Map (Transpose (TA (TA e m) {N})) (/ n {N}))",
-             f"(Split {N} (TA (TA e m) n))"], A, [f"(> n {N})", "(= e (TS d))"]),
-             f"a matrix of scalars; its rows split by the tile size {N} into more than one tile",
-             f"Map (Split {N}) . Transpose = Transpose . Map Transpose . Split {N}: Lift's mapSplitTranspose",
-             ex_map_split_transpose),
+        across_transpose("split-transpose", [f"(Split {N} (TA (TA e n) m))", "(Transpose (TA (TA e m) n))"],
+                         [f"(Map (Transpose (TA (TA e {N}) n)) (/ m {N}))",
+                          f"(Transpose (TA (TA (TA e {N}) (/ m {N})) n))", f"(Map (Split {N} (TA e m)) n)"],
+                         "m", "the transposed rows split",
+                         f"Split {N} . Transpose = Map Transpose . Transpose . Map (Split {N}): Lift's splitTranspose",
+                         ex_split_transpose),
+        across_transpose("map-split-transpose", [f"(Map (Split {N} (TA e n)) m)", "(Transpose (TA (TA e m) n))"],
+                         [f"(Transpose (TA (TA (TA e {N}) m) (/ n {N})))",
+                          f"(Map (Transpose (TA (TA e m) {N})) (/ n {N}))", f"(Split {N} (TA (TA e m) n))"],
+                         "n", "its rows split",
+                         f"Map (Split {N}) . Transpose = Transpose . Map Transpose . Split {N}: Lift's "
+                         f"mapSplitTranspose", ex_map_split_transpose),
         Rule(f"map-split-join/{N}", A, (
             rewrite("(Comp (Map f n) rest__)", tiles.format(f"(Comp {split} rest__)"), A, map_when),
             rewrite("(Comp g (Map f n))", f"(Comp g {tiles.format(split)})", A, map_when)),
