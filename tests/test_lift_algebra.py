@@ -86,3 +86,82 @@ def test_size_free_rules_are_shared_and_tiled_ones_come_per_size():
     assert not [r.name for r in shared if "/" in r.name]
     assert {r.name for r in tiled_algebra_rules((4, 8))} >= {f"slide-tiling/{n}" for n in (4, 8)}
     assert all(r.name.endswith(("/4", "/8")) for r in tiled_algebra_rules((4, 8)))
+
+
+def equal_in_egraph(lhs: Term, rhs: Term) -> bool:
+    """Saturate lhs (a value) under the algorithmic rules at tile size N; whether rhs, which must
+    be in the e-graph, is in lhs's e-class."""
+    sat = Saturator(algorithmic_rules((N,)))
+    sat.add("root", lhs)
+    stats = sat.run(Budget(nodes=20_000, iterations=30))
+    assert stats.saturated, stats.stop_reason
+    graph = sat.serialize({"lhs": lhs, "rhs": rhs}, stats)
+    return graph.roots["lhs"] == graph.roots["rhs"]
+
+
+def x_of(t: Term) -> Term:
+    return T("Var", "x", t)
+
+
+def ty_of(x: Term) -> Term:
+    return x.args[1]
+
+
+def test_transpose_transpose_in_front_of_a_stage_is_that_stage():
+    x = x_of(tensor_type("f32", (2, 3)))
+    relu = T("Map", T("VVRelu", V(3)), 2)
+    twice = T("App", comp(T("Transpose", tensor_type("f32", (3, 2))), T("Transpose", ty_of(x)), relu), x)
+    assert equal_in_egraph(twice, T("App", relu, x))
+
+
+def test_transpose_transpose_leaves_a_bare_value_alone():
+    """The guard: x = Transpose (Transpose x) would make the value's e-class cyclic."""
+    x = x_of(tensor_type("f32", (2, 3)))
+    twice = T("App", T("Transpose", tensor_type("f32", (3, 2))), T("App", T("Transpose", ty_of(x)), x))
+    assert not equal_in_egraph(twice, x)
+
+
+def test_split_transpose_moves_the_split_before_the_transpose():
+    n, m = 3, 2 * N
+    x = x_of(tensor_type("f32", (n, m)))
+    lhs = T("App", comp(T("Split", N, tensor_type("f32", (m, n))), T("Transpose", ty_of(x))), x)
+    rhs = T("App", comp(T("Map", T("Transpose", tensor_type("f32", (n, N))), m // N),
+                        T("Transpose", tensor_type("f32", (n, m // N, N))),
+                        T("Map", T("Split", N, V(m)), n)), x)
+    assert equal_in_egraph(lhs, rhs)
+
+
+def test_map_split_transpose_moves_the_split_before_the_transpose():
+    n, m = 2 * N, 3
+    x = x_of(tensor_type("f32", (n, m)))
+    lhs = T("App", comp(T("Map", T("Split", N, V(n)), m), T("Transpose", ty_of(x))), x)
+    rhs = T("App", comp(T("Transpose", tensor_type("f32", (n // N, m, N))),
+                        T("Map", T("Transpose", tensor_type("f32", (N, m))), n // N),
+                        T("Split", N, ty_of(x))), x)
+    assert equal_in_egraph(lhs, rhs)
+
+
+def test_join_map_swap_loops_over_the_rows_of_a_flattened_array():
+    k, m = 2, 3
+    x = x_of(tensor_type("f32", (m, k, 5)))
+    lhs = T("App", comp(T("Map", T("VVRelu", V(5)), k * m), T("Join", ty_of(x))), x)
+    rhs = T("App", comp(T("Join", ty_of(x)), T("Map", T("Map", T("VVRelu", V(5)), k), m)), x)
+    assert equal_in_egraph(lhs, rhs)
+
+
+def test_map_split_join_tiles_a_loop_stage_of_native_vectors():
+    n = 2 * N
+    x = x_of(tensor_type("f32", (n, N)))
+    relu = T("Map", T("VVRelu", V(N)), n)
+    lhs = T("App", comp(T("Map", T("VVTanh", V(N)), n), relu), x)
+    rhs = T("App", comp(T("Join", tensor_type("f32", (n // N, N, N))), T("Map", T("Map", T("VVTanh", V(N)), N), n // N),
+                        T("Split", N, ty_of(x)), relu), x)
+    assert equal_in_egraph(lhs, rhs)
+
+
+def test_map_split_join_leaves_loops_of_other_lengths_and_bodies_alone():
+    """Not a stage of a composition, not a native vector per iteration, or more than N tiles."""
+    for fn in (T("Map", T("VVRelu", V(N)), 2 * N),
+               comp(T("Map", T("VVRelu", V(3)), 2 * N), T("Id", tensor_type("f32", (2 * N, 3)))),
+               comp(T("Map", T("VVRelu", V(N)), N ** 3), T("Id", tensor_type("f32", (N ** 3, N))))):
+        assert not fired(run(fn), f"map-split-join/{N}")
