@@ -85,8 +85,17 @@ def _structural() -> list[Rule]:
         n = pick(rng, 1, 5)
         return T("Comp", T("ToChip", "mem", vec(n)), T("Const", var("W", vec(n)), vec(2)))
 
+    def ex_sub_same(rng):
+        n = pick(rng, 1, 5)
+        return T("VVSub", tp(vec(n), vec(n)))
+
+    p = "(TP t t)"
+    negated = f"(Comp (VVMul {p}) (Fork (Snd {p}) (Const (Fill -1.0 t) {p})))"
     a = "algorithmic"
     return [
+        Rule("sub-as-negated-add", a, (rewrite(f"(VVSub {p})", f"(Comp (VVAdd {p}) (Fork (Fst {p}) {negated}))", a),),
+             "none", "a - b = a + b * (-1 everywhere): targets without a subtraction (snowflake, systolic, VTA) "
+             "run a GRU's h - n as an add and a multiply by a pinned constant", ex_sub_same),
         Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a, subsume=True),), "none",
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),
         Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",

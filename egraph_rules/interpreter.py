@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from egraph_rules.ir import DTYPE_BYTES, RNN_NONLINEARITIES, IRTypeError, Term, dtype_name
+from egraph_rules.ir import DTYPE_BYTES, RNN_NONLINEARITIES, IRTypeError, Term, dtype_name, shape_of
 
 Value = np.ndarray | tuple | list
 
@@ -126,6 +126,8 @@ class Interpreter:
             k, t = e.args
             mask = (np.arange(t.args[1]) < k).astype(NUMPY_DTYPE[dtype_name(t)])
             return np.diag(mask) if t.args[0].op == "TA" else mask
+        if e.op == "Fill":
+            return np.full(shape_of(e.args[1]), e.args[0], NUMPY_DTYPE[dtype_name(e.args[1])])
         if e.op == "App":
             return self.apply(e.args[0], self.value(e.args[1]))
         raise IRTypeError(f"{e.op} is not a value")

@@ -41,6 +41,8 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # a constant of type t: a vector of k ones then zeros, or an n x n matrix whose diagonal is
     # that vector (codegen zeroes padding lanes with it)
     "Mask": ("E", ("i64", "Ty")),
+    # a constant of type t with every element the given f64 (-1 negates by a multiply)
+    "Fill": ("E", ("f64", "Ty")),
     # combinators
     "Id": ("F", ("Ty",)),
     "Comp": ("F", ("F", "F")),
@@ -419,6 +421,9 @@ def ty(e: Term) -> Term:
             raise IRTypeError(f"a matrix Mask must be square, got {t}")
         if not 0 <= e.args[0] <= e.args[1].args[1]:
             raise IRTypeError(f"Mask of {e.args[0]} ones in {e.args[1]}")
+        return e.args[1]
+    if e.op == "Fill":
+        shape_of(e.args[1])  # a tensor of scalars
         return e.args[1]
     if e.op == "App":
         f, x = e.args

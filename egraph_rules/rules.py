@@ -157,6 +157,7 @@ def analysis_program() -> str:
     rule("(= e (App f x)) (= t (fout f))", "(union (ty e) t)")
     rule("(= e (Pair a b)) (= t (ty a)) (= u (ty b))", "(union (ty e) (TP t u))")
     rule("(= e (Mask k t))", "(union (ty e) t)")
+    rule("(= e (Fill v t))", "(union (ty e) t)")
     # views: functions that only re-index their input
     # re-indexings a move commutes with without changing the on-chip layout the device reads
     # (a Transpose does change it, so moves do not pass it)

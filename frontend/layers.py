@@ -382,15 +382,16 @@ def _gemm_model(spec: LayerSpec, stored: tuple[int, int], rng: np.random.Generat
     b_stored = (n, k) if p["b_t"] else (k, n)
     _check_size(f"{spec}: the weight", *b_stored)
     _check_size(f"{spec}: the output", m, n)
-    ta_, tb = tensor_type(dtype, (m, k)), tensor_type(dtype, (k, n))
     a_term = T("Var", "x", tensor_type(dtype, stored))
-    b_term = T("Var", "B", tensor_type(dtype, b_stored))
     if p["a_t"]:
         a_term = T("App", T("Transpose", tensor_type(dtype, stored)), a_term)
-    if p["b_t"]:
-        b_term = T("App", T("Transpose", tensor_type(dtype, b_stored)), b_term)
-    program = comp(T("ToOutput", tensor_type(dtype, (m, n))), T("MMMul", tp(ta_, tb)),
-                   T("Fork", T("Id", ta_), T("Const", b_term, ta_)))
+    # each row of op(A) goes through a bias-free Linear layer whose n x k weight is op(B)^T, so a
+    # GEMM gets every rule a batched Linear layer has (pinned weights, bands, weight-stationary)
+    w_term = T("Var", "B", tensor_type(dtype, b_stored))
+    if not p["b_t"]:
+        w_term = T("App", T("Transpose", tensor_type(dtype, b_stored)), w_term)
+    row = ta(ts(dtype), k)
+    program = comp(T("ToOutput", tensor_type(dtype, (m, n))), T("Map", T("LinearNB", w_term, row), m))
     env: dict[str, np.ndarray] = {}
     ref = None
     if rng is not None:

@@ -371,6 +371,8 @@ class Codegen:
             v = PairV(self.data(e.args[0]), self.data(e.args[1]))
         elif e.op == "Mask":
             v = self.host_buffer(e, e.args[1], f"mask of {e.args[0]} ones")
+        elif e.op == "Fill":
+            v = self.host_buffer(e, e.args[1], f"{e.args[0]} everywhere")
         elif e.op == "App":
             outer, self.block = self.block, self.setup
             v = self.apply(e.args[0], self.data(e.args[1]))

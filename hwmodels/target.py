@@ -129,7 +129,7 @@ class CycleCost:
     terms with `node`; the ILP extractor uses `local` and `scales` to count shared subterms once."""
 
     #: re-indexing is addressing, and padding is done by the host when it lays out inputs
-    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "PadWith", "Var",
+    FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "PadWith", "Var", "Fill",
             "Pair", "Comp", "Fork", "App")
 
     def __init__(self, target: Target):

@@ -138,11 +138,10 @@ def as_gemm(model: Model) -> Gemm | None:
     elif len(names) != 1:
         raise VendorUnsupported(f"{_where(model)}: vendor templates cover one Linear, MatMul or Conv2d, "
                                 f"optionally followed by ReLU, Tanh or Sigmoid, or one activation alone")
-    if names[0] == "MatMul":
-        b = next(n for n in model.term.walk() if n.op == "Const").args[0]  # [K][O]
-        return Gemm(inp, None, T("App", T("Transpose", ty(b)), b), None, None, None)
     linear = next((n for n in model.term.walk() if n.op in ("Linear", "LinearNB")), None)
     bias = linear.args[1] if linear is not None and linear.op == "Linear" else None
+    if names[0] == "MatMul":  # a bias-free Linear layer over the rows of op(A)
+        return Gemm(inp, None, linear.args[0], None, None, None)
     if names[0] == "Linear" and len(model.input_shape) == 2:
         rows = T("Split", numel(ty(inp)), ty(inp)) if model.input_shape[0] == 1 else None
         return Gemm(inp, rows, linear.args[0], bias, act, None)

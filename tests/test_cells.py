@@ -50,6 +50,18 @@ def test_gru_cell_runs_on_brainwave(gru_batch3):
     assert r.egraph.saturated
 
 
+@pytest.mark.parametrize("target", ["snowflake", "vta"])
+@pytest.mark.parametrize("layer, shape", [("GRUCell(40, 24)", (3, 40)), ("GRU(32, 32)", (3, 2, 32))])
+def test_gru_runs_on_targets_without_a_subtraction(target, layer, shape):
+    """h' = n + z (h - n): where the device has no subtraction, h - n runs as an add and a
+    multiply by a pinned constant of -1s (`sub-as-negated-add`, `Fill`)."""
+    assert not any(op.meaning.op == "VVSub" for op in get_target(target).device_ops())
+    r = optimize([layer], shape, target)
+    assert r.max_rel_error <= 1e-4
+    mul = {"snowflake": "MUL", "vta": "ALU.MUL"}[target]
+    assert r.ops[mul] > 0
+
+
 def test_lstm_cell_runs_on_brainwave():
     r = optimize(["LSTMCell(32, 32)"], (1, 32), native_dim=32)
     assert r.output_shape == (2, 1, 32)

@@ -7,6 +7,7 @@ import pytest
 
 from frontend.layers import LayerError, build_model, parse_layer
 from liftsat.api import optimize
+from liftsat.targets import get_target
 
 
 @pytest.mark.parametrize("layer, stored", [
@@ -51,3 +52,19 @@ def test_values_that_overflow_together_are_retried_with_less_room():
                  functional=False)
     assert r.unbuildable and all("vta.acc overflow" in u for u in r.unbuildable)
     assert r.cycles > 0
+
+
+@pytest.mark.parametrize("layer, stored", [
+    ("MatMul(256, 256)", (1, 256)),
+    ("MatMul(256, 256, a_t=True, b_t=True)", (256, 2)),
+])
+@pytest.mark.parametrize("target", ["brainwave", "vta"])
+def test_gemm_weights_that_fit_are_pinned(layer, stored, target):
+    """A GEMM's second operand is a weight: each row goes through a bias-free Linear layer, so
+    when the weight fits on chip it is loaded once at setup, not re-read from DRAM per row."""
+    r = optimize([layer], stored, target)
+    assert r.weights == {"B": "pinned"}
+    assert r.max_rel_error <= 1e-4
+    assert r.setup_cycles > 0
+    # reading the 256 KiB weight from DRAM alone would take longer than the whole inference
+    assert r.cycles < 256 * 256 * 4 / get_target(target).dram.bandwidth

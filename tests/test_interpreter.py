@@ -131,6 +131,17 @@ def test_pad_with_fills_only_the_padding():
         run(T("PadWith", 1, 0, 2.0, ta(tp(F32, F32), 2)), [(np.float32(1), np.float32(2))] * 2)
 
 
+def test_fill_is_a_constant_of_its_type():
+    """Fill v t: every element v, in t's shape and dtype; its type is t, and only tensors of
+    scalars can be filled."""
+    fill = T("Fill", -1.0, M(2, 3))
+    out = Interpreter({}).value(fill)
+    assert out.shape == (2, 3) and out.dtype == np.float32 and (out == -1).all()
+    assert ty(fill) == M(2, 3)
+    with pytest.raises(IRTypeError, match="not a tensor of scalars"):
+        ty(T("Fill", 0.0, tp(V(2), V(2))))
+
+
 def test_zip_and_distr():
     a, b = np.arange(3, dtype=np.float32), np.arange(3, 6, dtype=np.float32)
     zipped = run(T("Zip", tp(V(3), V(3))), (a, b))
