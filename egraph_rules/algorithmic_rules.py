@@ -335,9 +335,28 @@ def _movement() -> list[Rule]:
                   T("Zip", pm), T("Fork", *moved))
         return T("Reduce", op, T("TA", vec(k * rows), m))
 
+    def ex_reduce_pad(rng):
+        n, extra, m = pick(rng, 1, 4), pick(rng, 1, 3), pick(rng, 2, 4)
+        p, pp = tp(vec(n), vec(n)), tp(vec(n + extra), vec(n + extra))
+        pads = [T("Comp", T("Pad", 0, extra, vec(n)), T(x, p)) for x in ("Fst", "Snd")]
+        op = comp(T("Slice", 0, n, vec(n + extra)), T(("VVMax", "VVAdd", "VVMul", "VVSub")[pick(rng, 0, 3)], pp),
+                  T("Fork", *pads))
+        return T("Reduce", op, T("TA", vec(n), m))
+
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
+
+    def ex_hoist_pad(rng):
+        k, extra, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        body = comp(T("VVRelu", vec(k + extra)), T("ToChip", "mem", vec(k + extra)), T("Pad", 0, extra, vec(k)))
+        return T("Map", body, m)
+
+    def ex_hoist_map_pad(rng):
+        k, rows, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        moved = T("ToChip", "mem", mat(rows, k + 1))
+        body = comp(T("Map", T("VVRelu", vec(k + 1)), rows), moved, T("Map", T("Pad", 0, 1, vec(k)), rows))
+        return T("Map", body, m)
 
     def ex_hoist_chain(rng):
         k, rows, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
@@ -353,8 +372,19 @@ def _movement() -> list[Rule]:
             from_reduce.append(
                 f"(rule ((= e (Reduce op (TA a n))) (= op {chain(prefix, forks[0])}) (inspace op sp)) "
                 f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
-    hoist = [rewrite(f"(Map {chain(prefix, '(ToChip sp t)')} n)", f"(Comp (Map {chain(prefix, None)} n) (ToChip sp (TA t n)))", a)
-             for prefix in ([f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2))]
+    prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
+    through_pad = []
+    for op in ("VVAdd", "VVSub", "VVMul", "VVMax"):
+        padded = "(Fork (Comp (Pad 0 r (TA s n)) (Fst (TP (TA s n) (TA s n)))) (Comp (Pad 0 r (TA s n)) (Snd (TP (TA s n) (TA s n)))))"
+        through_pad.append(rewrite(
+            f"(Reduce (Comp (Slice 0 n (TA s p)) (Comp ({op} (TP (TA s p) (TA s p))) {padded})) (TA (TA s n) m))",
+            f"(Comp (Slice 0 n (TA s p)) (Comp (Reduce ({op} (TP (TA s p) (TA s p))) (TA (TA s p) m)) "
+            f"(Map (Pad 0 r (TA s n)) m)))", a))
+    hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
+             for p in prefixes]
+    for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
+        hoist += [rewrite(f"(Map {chain(p, f'(Comp (ToChip sp t) {pad})')} n)",
+                          f"(Comp (Map {chain(p, None)} n) (Comp (ToChip sp (TA t n)) (Map {pad} n)))", a) for p in prefixes]
     for branch in ("left", "right"):
         for part in ("Fst", "Snd"):
             moved = "(Comp (ToChip sp a) x)"
@@ -418,8 +448,9 @@ def _movement() -> list[Rule]:
              f"the moved branch only re-indexes one part of the element; at most {HOIST_DEPTH} stages after it",
              "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)) (and "
              f"for Snd, either branch), Map(f . ToChip) = Map(f) . ToChip (f a chain of up to {HOIST_DEPTH + 1} "
-             "stages): a move inside a loop body becomes a move of the whole array before the loop",
-             ex_hoist, ex_hoist_snd, ex_hoist_unary, ex_hoist_chain),
+             "stages), Map(f . ToChip . q) = Map(f) . ToChip . Map(q) for q a Pad or a Map of one: a move inside a "
+             "loop body becomes a move of the whole array before the loop",
+             ex_hoist, ex_hoist_snd, ex_hoist_unary, ex_hoist_chain, ex_hoist_pad, ex_hoist_map_pad),
         Rule("move-stage-idempotent", a, (
             rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),
             rewrite("(Comp (Map m n) (Map m n))", "(Map m n)", a, ["(ismove m)"], subsume=True),
@@ -436,6 +467,11 @@ def _movement() -> list[Rule]:
              "(h may be absent): a reduction whose operator moves both operands = the reduction over the moved "
              "array (its accumulator is already there)",
              ex_reduce, ex_reduce_view_after),
+        Rule("reduce-through-pad", a, tuple(through_pad),
+             "the operator is elementwise VVAdd, VVSub, VVMul or VVMax, which make zero of zeros",
+             "Reduce(Slice(0, n) . op . Fork(Pad . Fst, Pad . Snd)) = Slice(0, n) . Reduce(op) . Map(Pad): the "
+             "padding of every partial result is zero, so the elements are padded once, not every step",
+             ex_reduce_pad),
     ]
 
 
