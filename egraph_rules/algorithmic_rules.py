@@ -335,14 +335,6 @@ def _movement() -> list[Rule]:
                   T("Zip", pm), T("Fork", *moved))
         return T("Reduce", op, T("TA", vec(k * rows), m))
 
-    def ex_reduce_pad(rng):
-        n, extra, m = pick(rng, 1, 4), pick(rng, 1, 3), pick(rng, 2, 4)
-        p, pp = tp(vec(n), vec(n)), tp(vec(n + extra), vec(n + extra))
-        pads = [T("Comp", T("Pad", 0, extra, vec(n)), T(x, p)) for x in ("Fst", "Snd")]
-        op = comp(T("Slice", 0, n, vec(n + extra)), T(("VVMax", "VVAdd", "VVMul", "VVSub")[pick(rng, 0, 3)], pp),
-                  T("Fork", *pads))
-        return T("Reduce", op, T("TA", vec(n), m))
-
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
@@ -373,13 +365,6 @@ def _movement() -> list[Rule]:
                 f"(rule ((= e (Reduce op (TA a n))) (= op {chain(prefix, forks[0])}) (inspace op sp)) "
                 f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
     prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
-    through_pad = []
-    for op in ("VVAdd", "VVSub", "VVMul", "VVMax"):
-        padded = "(Fork (Comp (Pad 0 r (TA s n)) (Fst (TP (TA s n) (TA s n)))) (Comp (Pad 0 r (TA s n)) (Snd (TP (TA s n) (TA s n)))))"
-        through_pad.append(rewrite(
-            f"(Reduce (Comp (Slice 0 n (TA s p)) (Comp ({op} (TP (TA s p) (TA s p))) {padded})) (TA (TA s n) m))",
-            f"(Comp (Slice 0 n (TA s p)) (Comp (Reduce ({op} (TP (TA s p) (TA s p))) (TA (TA s p) m)) "
-            f"(Map (Pad 0 r (TA s n)) m)))", a))
     hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
              for p in prefixes]
     for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
@@ -467,11 +452,6 @@ def _movement() -> list[Rule]:
              "(h may be absent): a reduction whose operator moves both operands = the reduction over the moved "
              "array (its accumulator is already there)",
              ex_reduce, ex_reduce_view_after),
-        Rule("reduce-through-pad", a, tuple(through_pad),
-             "the operator is elementwise VVAdd, VVSub, VVMul or VVMax, which make zero of zeros",
-             "Reduce(Slice(0, n) . op . Fork(Pad . Fst, Pad . Snd)) = Slice(0, n) . Reduce(op) . Map(Pad): the "
-             "padding of every partial result is zero, so the elements are padded once, not every step",
-             ex_reduce_pad),
     ]
 
 

@@ -18,6 +18,7 @@ CASES = [
     (["Linear(512, 128)", "ReLU()"], (1, 512), ("cpu", "snowflake")),
     (["Linear(256, 256)"], (1, 256), ("vta",)),                      # partial sums reduced where they are
     (["MaxPool2d(3, stride=2)"], (1, 16, 9, 9), ("cpu", "snowflake")),   # windows loaded once
+    (["Conv2d(16, 32, 1)", "ReLU()"], (1, 16, 4, 4), tuple(BUILTIN)),    # the ReLU reads the result where it is
 ]
 
 
@@ -25,6 +26,18 @@ CASES = [
 def test_prediction_within_ten_percent_of_simulation(layers: list[str], shape: tuple[int, ...], target: str) -> None:
     r = optimize(layers, shape, target, functional=False)
     assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
+
+
+@pytest.mark.parametrize("target", ["systolic", "vta"])
+def test_lone_activation_is_predicted_exactly(target: str) -> None:
+    # loads, activations and stores of a row overlap those of the next; the dispatcher never waits
+    r = optimize(["ReLU()"], (4, 1024), target, functional=False)
+    assert r.predicted_cycles == r.cycles
+
+
+def test_activation_after_a_convolution_reads_its_result_on_chip() -> None:
+    r = optimize(["Conv2d(16, 32, 1)", "ReLU()"], (1, 16, 4, 4), "snowflake", functional=False)
+    assert r.ops["LOAD"] == 16                      # one input trace per pixel, none for the ReLU
 
 
 def test_prediction_is_deterministic() -> None:
