@@ -116,12 +116,6 @@ def _exposed(c: Cost, wait: float) -> Cost:
     return tuple(x if u == "issue" else x + wait for u, x in zip(UNITS, c))
 
 
-def _with_issue(c: Cost, issued: float) -> Cost:
-    """c with its issue component set."""
-    i = UNITS.index("issue")
-    return (*c[:i], issued, *c[i + 1:])
-
-
 def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
     """A cost that keeps one unit busy and issues some instructions."""
     c = [0.0] * len(UNITS)
@@ -166,7 +160,8 @@ class CycleCost:
             # its reader waits for the whole store (and so does the DMA unit that does it); the
             # dispatcher, which runs ahead of other waits, issues the stores and then waits for
             # them to drain, as nothing after them can start before they are done
-            return _with_issue(_exposed(ZERO, busy + self.t.dram.latency), max(busy, units) + self.t.dram.latency)
+            drain = busy + self.t.dram.latency
+            return _exposed(_unit_cost("dma", 0, max(busy, units) + self.t.dram.latency), drain)
         if op == "Dev":
             spec = self.ops.get(args[0])
             return NEVER if spec is None else _unit_cost(spec.unit, spec.occupancy, 1)
