@@ -348,6 +348,23 @@ def _movement() -> list[Rule]:
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
 
+    def ex_hoist_pad(rng):
+        k, extra, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        body = comp(T("VVRelu", vec(k + extra)), T("ToChip", "mem", vec(k + extra)), T("Pad", 0, extra, vec(k)))
+        return T("Map", body, m)
+
+    def ex_hoist_map_pad(rng):
+        k, rows, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        moved = T("ToChip", "mem", mat(rows, k + 1))
+        body = comp(T("Map", T("VVRelu", vec(k + 1)), rows), moved, T("Map", T("Pad", 0, 1, vec(k)), rows))
+        return T("Map", body, m)
+
+    def ex_hoist_chain(rng):
+        k, rows, m = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        body = comp(T("Join", mat(rows, k)), T("Map", T("VVRelu", vec(k)), rows), T("Split", k, vec(k * rows)),
+                    T("ToChip", "mem", vec(k * rows)))
+        return T("Map", body, m)
+
     from_reduce = []
     for before, after in (("(Comp (ToChip sp a) {x})", "{x}"), ("(Comp h (Comp (ToChip sp a) {x}))", "(Comp h {x})")):
         forks = [f"(Fork {side.format(x='(Fst (TP a a))')} {side.format(x='(Snd (TP a a))')})" for side in (before, after)]
@@ -356,7 +373,12 @@ def _movement() -> list[Rule]:
             from_reduce.append(
                 f"(rule ((= e (Reduce op (TA a n))) (= op {chain(prefix, forks[0])}) (inspace op sp)) "
                 f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
-    hoist = [rewrite("(Map (Comp f (ToChip sp t)) n)", "(Comp (Map f n) (ToChip sp (TA t n)))", a)]
+    prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
+    hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
+             for p in prefixes]
+    for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
+        hoist += [rewrite(f"(Map {chain(p, f'(Comp (ToChip sp t) {pad})')} n)",
+                          f"(Comp (Map {chain(p, None)} n) (Comp (ToChip sp (TA t n)) (Map {pad} n)))", a) for p in prefixes]
     for branch in ("left", "right"):
         for part in ("Fst", "Snd"):
             moved = "(Comp (ToChip sp a) x)"
@@ -419,9 +441,10 @@ def _movement() -> list[Rule]:
         Rule("tochip-hoist-from-map", a, tuple(hoist),
              f"the moved branch only re-indexes one part of the element; at most {HOIST_DEPTH} stages after it",
              "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)) (and "
-             "for Snd, either branch), Map(f . ToChip) = Map(f) . ToChip: a move inside a loop body becomes a move "
-             "of the whole array before the loop",
-             ex_hoist, ex_hoist_snd, ex_hoist_unary),
+             f"for Snd, either branch), Map(f . ToChip) = Map(f) . ToChip (f a chain of up to {HOIST_DEPTH + 1} "
+             "stages), Map(f . ToChip . q) = Map(f) . ToChip . Map(q) for q a Pad or a Map of one: a move inside a "
+             "loop body becomes a move of the whole array before the loop",
+             ex_hoist, ex_hoist_snd, ex_hoist_unary, ex_hoist_chain, ex_hoist_pad, ex_hoist_map_pad),
         Rule("move-stage-idempotent", a, (
             rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),
             rewrite("(Comp (Map m n) (Map m n))", "(Map m n)", a, ["(ismove m)"], subsume=True),

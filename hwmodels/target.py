@@ -110,8 +110,10 @@ NEVER: Cost = (INF,) * len(UNITS)
 
 
 def _exposed(c: Cost, wait: float) -> Cost:
-    """c plus cycles every unit waits: latency on the critical path adds to the busiest unit."""
-    return tuple(x + wait for x in c)
+    """c plus cycles every execution unit waits: latency on the critical path adds to the
+    busiest unit. Instruction issue does not wait: instructions dispatch one per cycle into the
+    units' queues whatever their operands wait for, so issue is a bound on throughput only."""
+    return tuple(x if u == "issue" else x + wait for u, x in zip(UNITS, c))
 
 
 def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
@@ -155,8 +157,11 @@ class CycleCost:
             if nbytes(args[0]) > self.t.result_capacity:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
-            # its reader waits for the whole store (and so does the DMA unit that does it)
-            return _exposed(_unit_cost("dma", 0, units), busy + self.t.dram.latency)
+            # its reader waits for the whole store (and so does the DMA unit that does it); the
+            # dispatcher, which runs ahead of other waits, issues the stores and then waits for
+            # them to drain, as nothing after them can start before they are done
+            drain = busy + self.t.dram.latency
+            return _exposed(_unit_cost("dma", 0, max(busy, units) + self.t.dram.latency), drain)
         if op == "Dev":
             spec = self.ops.get(args[0])
             return NEVER if spec is None else _unit_cost(spec.unit, spec.occupancy, 1)
