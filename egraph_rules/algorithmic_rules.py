@@ -223,7 +223,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              "(Fork g (Comp (Pad 0 (- n2 n) (TA s n)) h))"], a, [f"(= 0 (% n2 {N}))"])
     return [
         Rule(f"mmmul-weight-stationary/{N}", a, (rewrite(
-            f"(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))",
+            "(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))",
             f"(Comp (Map (Join (TA (TA s {N}) (/ o {N}))) n) (Comp (Transpose (TA (TA (TA s {N}) n) (/ o {N}))) "
             f"(Comp (Map (Comp (Map (Comp (MVMul (TP (TA (TA s k) {N}) (TA s k))) {ws_swap_el}) n) "
             f"(Comp (DistR (TP (TA (TA s k) n) (TA (TA s k) {N}))) {ws_swap_in})) (/ o {N})) "

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from egraph_rules.ir import Term
 from liftsat.api import Result, optimize, optimize_targets
 from liftsat.cli import main
 from liftsat.targets import BUILTIN, TargetError, get_target, get_targets
