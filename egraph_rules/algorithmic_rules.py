@@ -93,8 +93,8 @@ def _structural() -> list[Rule]:
     negated = f"(Comp (VVMul {p}) (Fork (Snd {p}) (Const (Fill -1.0 t) {p})))"
     a = "algorithmic"
     return [
-        Rule("sub-as-negated-add", a, (rewrite(f"(VVSub {p})", f"(Comp (VVAdd {p}) (Fork (Fst {p}) {negated}))", a),),
-             "none", "a - b = a + b * (-1 everywhere): targets without a subtraction (snowflake, systolic, VTA) "
+        Rule("sub-as-negated-add", a,
+             (rewrite(f"(VVSub {p})", f"(Comp (VVAdd {p}) (Fork (Fst {p}) {negated}))", a),), "none", "a - b = a + b * (-1 everywhere): targets without a subtraction (snowflake, systolic, VTA) "
              "run a GRU's h - n as an add and a multiply by a pinned constant", ex_sub_same),
         Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a, subsume=True),), "none",
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),
@@ -365,15 +365,14 @@ def _movement() -> list[Rule]:
                     T("ToChip", "mem", vec(k * rows)))
         return T("Map", body, m)
 
+    prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
     from_reduce = []
     for before, after in (("(Comp (ToChip sp a) {x})", "{x}"), ("(Comp h (Comp (ToChip sp a) {x}))", "(Comp h {x})")):
         forks = [f"(Fork {side.format(x='(Fst (TP a a))')} {side.format(x='(Snd (TP a a))')})" for side in (before, after)]
-        for depth in range(1, HOIST_DEPTH + 2):
-            prefix = [f"p{i}" for i in range(depth)]
+        for prefix in prefixes:
             from_reduce.append(
                 f"(rule ((= e (Reduce op (TA a n))) (= op {chain(prefix, forks[0])}) (inspace op sp)) "
                 f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
-    prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
     hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
              for p in prefixes]
     for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
