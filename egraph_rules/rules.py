@@ -68,12 +68,11 @@ def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None, subsu
     return f"(rewrite {lhs} {rhs}{cond}{sub} :ruleset {level})"
 
 
-def chain_rewrites(lhs: list[str], rhs: list[str], level: str, when: list[str] | None = None,
-                   subsume: bool = False) -> tuple[str, ...]:
+def chain_rewrites(lhs: list[str], rhs: list[str], level: str, when: list[str] | None = None) -> tuple[str, ...]:
     """A rewrite of a composition chain, at the end of a chain and in the middle of one."""
     return (
-        rewrite(chain(lhs, None), chain(rhs, None), level, when, subsume),
-        rewrite(chain(lhs, "rest__"), chain(rhs, "rest__"), level, when, subsume),
+        rewrite(chain(lhs, None), chain(rhs, None), level, when),
+        rewrite(chain(lhs, "rest__"), chain(rhs, "rest__"), level, when),
     )
 
 
