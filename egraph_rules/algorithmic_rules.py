@@ -9,7 +9,7 @@ from __future__ import annotations
 from egraph_rules.ir import T, Term, comp, tp
 from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
 from egraph_rules.rule_examples import mat, pick, var, vec
-from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite
+from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk
 
 #: how many stages a loop body may run after a move for the move to be hoisted out of the loop
 HOIST_DEPTH = 3
@@ -366,12 +366,14 @@ def _movement() -> list[Rule]:
         return T("Map", body, m)
 
     prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
-    from_reduce = []
+    # matched only along stages marked as leading to an operand-moving fork (tail_chain)
+    from_reduce = [tail_walk("reducetail", HOIST_DEPTH + 1)]
     for before, after in (("(Comp (ToChip sp a) {x})", "{x}"), ("(Comp h (Comp (ToChip sp a) {x}))", "(Comp h {x})")):
         forks = [f"(Fork {side.format(x='(Fst (TP a a))')} {side.format(x='(Snd (TP a a))')})" for side in (before, after)]
+        from_reduce.append(f"(rule ((= f {forks[0]})) ((reducetail f 0)) :ruleset analysis)")
         for prefix in prefixes:
             from_reduce.append(
-                f"(rule ((= e (Reduce op (TA a n))) (= op {chain(prefix, forks[0])}) (inspace op sp)) "
+                f"(rule ((= e (Reduce op (TA a n))) {tail_chain('op', prefix, forks[0], 'reducetail')} (inspace op sp)) "
                 f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
     hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
              for p in prefixes]

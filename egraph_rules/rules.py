@@ -60,6 +60,23 @@ def chain(parts: list[str], rest: str | None) -> str:
     return out
 
 
+def tail_walk(rel: str, depth: int) -> str:
+    """The analysis rule extending (rel f k), f's chain reaches a marked tail after k stages, up
+    the chains to `depth` stages."""
+    return f"(rule (({rel} r k) (< k {depth}) (= f (Comp p r))) (({rel} f (+ k 1))) :ruleset analysis)"
+
+
+def tail_chain(root: str, parts: list[str], tail: str, rel: str) -> str:
+    """Query atoms matching `root` as the composition of parts ending in `tail`, every stage on
+    a chain that reaches a marked tail (see tail_walk) at its depth: a rule matching long chains
+    then only walks those, where matching bare chains tries every combination of stages."""
+    names = [root] + [f"{root}__{i}" for i in range(1, len(parts) + 1)]
+    stages = [f"({rel} {name} {len(parts) - i})" for i, name in enumerate(names)]
+    stages += [f"(= {names[i]} (Comp {p} {names[i + 1]}))" for i, p in enumerate(parts)]
+    stages.append(f"(= {names[-1]} {tail})")
+    return " ".join(stages)
+
+
 def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None, subsume: bool = False) -> str:
     """An egglog rewrite in the ruleset of its level; a subsuming one hides its left-hand side
     from further matching and from extraction (for rewrites to a canonical form)."""
@@ -126,6 +143,8 @@ def analysis_program() -> str:
         "(relation readsfst (F))",
         "(relation readssnd (F))",
         "(relation inspace (F String))",
+        # chains ending in the operand moves tochip-hoist-from-reduce takes out (see tail_walk)
+        "(relation reducetail (F i64))",
         "(ruleset analysis)",
     ]
 

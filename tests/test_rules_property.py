@@ -188,6 +188,20 @@ def _reduce_moving_both_operands(rng):
     return T("Reduce", op, ta(V(n), m))
 
 
+def _reduce_at_depth(depth: int):
+    """Reduce((ToChip . ... . VVAdd) . Fork(ToChip . Fst, ToChip . Snd)) with `depth` stages
+    before the fork: the rule's variants (matched along marked chains) at each depth."""
+
+    def make(rng):
+        n, m = int(rng.integers(1, 5)), int(rng.integers(2, 5))
+        p = tp(V(n), V(n))
+        stages = [T("ToChip", "mem", V(n)), T("VVRelu", V(n)), T("VVTanh", V(n))][:depth - 1] + [T("VVAdd", p)]
+        fork = T("Fork", comp(T("ToChip", "mem", V(n)), T("Fst", p)), comp(T("ToChip", "mem", V(n)), T("Snd", p)))
+        return T("Reduce", comp(*stages, fork), ta(V(n), m))
+
+    return make
+
+
 def _slice_of_computed_operand(rng):
     n2 = NATIVE * int(rng.integers(1, 4))
     n = int(rng.integers(1, n2))
@@ -223,7 +237,7 @@ def _hoist_at_depth(depth: int, pos: str):
 
 
 EXTRA_EXAMPLES = {
-    "tochip-hoist-from-reduce": [_reduce_moving_both_operands],
+    "tochip-hoist-from-reduce": [_reduce_moving_both_operands] + [_reduce_at_depth(d) for d in (2, 3, 4)],
     f"slice-through-binary/{NATIVE}": [_slice_of_computed_operand],
     "move-early:bw.mv_mul": [_mvmul_of_fork],
     "tochip-hoist-from-map": [_hoist_at_depth(d, pos) for d in range(4) for pos in ("Fst", "Snd")],
