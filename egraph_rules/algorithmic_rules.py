@@ -382,20 +382,21 @@ def _movement() -> list[Rule]:
     for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
         hoist += [rewrite(f"(Map {chain(p, f'(Comp (ToChip sp t) {pad})')} n)",
                           f"(Comp (Map {chain(p, None)} n) (Comp (ToChip sp (TA t n)) (Map {pad} n)))", a) for p in prefixes]
-    for branch in ("left", "right"):
-        for part in ("Fst", "Snd"):
-            moved = "(Comp (ToChip sp a) x)"
-            fork_l = f"(Fork {moved} h)" if branch == "left" else f"(Fork h {moved})"
-            fork_r = "(Fork x h)" if branch == "left" else "(Fork h x)"
-            elem_t = "a0" if part == "Fst" else "b0"
-            move = f"(Comp (ToChip sp {elem_t}) ({part} (TP a0 b0)))"
-            only = f"(Fork {move} (Snd (TP a0 b0)))" if part == "Fst" else f"(Fork (Fst (TP a0 b0)) {move})"
-            reads = "(readsfst x)" if part == "Fst" else "(readssnd x)"
-            for depth in range(HOIST_DEPTH + 1):
-                prefix = [f"p{i}" for i in range(depth)]
-                hoist.append(rewrite(f"(Map {chain(prefix, fork_l)} n)",
-                                     f"(Comp (Map {chain(prefix, fork_r)} n) (Map {only} n))", a,
-                                     [reads, "(= (TP a0 b0) (fin x))"]))
+    # (PairMove x sp): the stage moving to sp only the part of a pair x reads (analysis), so one
+    # rule per branch and depth serves both parts
+    forks = {"(Fork (Comp (ToChip sp a) x) h)": "(Fork x h)", "(Fork h (Comp (ToChip sp a) x))": "(Fork h x)"}
+    for part in ("Fst", "Snd"):
+        elem_t = "a0" if part == "Fst" else "b0"
+        move = f"(Comp (ToChip sp {elem_t}) ({part} (TP a0 b0)))"
+        only = f"(Fork {move} (Snd (TP a0 b0)))" if part == "Fst" else f"(Fork (Fst (TP a0 b0)) {move})"
+        for fork in forks:
+            hoist.append(f"(rule ((= f {fork}) (reads{part.lower()} x) (= (TP a0 b0) (fin x))) "
+                         f"((union (PairMove x sp) {only})) :ruleset analysis)")
+    for fork_l, fork_r in forks.items():
+        for depth in range(HOIST_DEPTH + 1):
+            prefix = [f"p{i}" for i in range(depth)]
+            hoist.append(f"(rule ((= e (Map {chain(prefix, fork_l)} n)) (= o (PairMove x sp))) "
+                         f"((union e (Comp (Map {chain(prefix, fork_r)} n) (Map o n)))) :ruleset {a})")
     through = []
     for src in ("Zip", "DistR"):
         for pos in ("Fst", "Snd"):
