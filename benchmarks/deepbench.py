@@ -87,10 +87,10 @@ def measure(specs: list[str], shape: tuple[int, ...], repeat: int = 1) -> dict:
     must be the same every time (compilation is deterministic)."""
     runs = [compile_once(specs, shape) for _ in range(repeat)]
     timed = ("saturation_s", "extraction_s")
-    if any({k: v for k, v in r.items() if k not in timed} != {k: v for k, v in runs[0].items() if k not in timed}
-           for r in runs):
+    figures = [{k: v for k, v in r.items() if k not in timed} for r in runs]
+    if any(f != figures[0] for f in figures[1:]):
         raise SystemExit(f"{' '.join(specs)}: two compiles of the same layer differ")
-    row = {**runs[0], **{k: statistics.median(r[k] for r in runs) for k in timed}}
+    row = {**figures[0], **{k: statistics.median(r[k] for r in runs) for k in timed}}
     row["within_budget"] = row["enodes"] <= NODE_BUDGET and row["saturation_s"] <= SECONDS_BUDGET
     return row
 

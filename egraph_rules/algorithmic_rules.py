@@ -93,8 +93,8 @@ def _structural() -> list[Rule]:
     negated = f"(Comp (VVMul {p}) (Fork (Snd {p}) (Const (Fill -1.0 t) {p})))"
     a = "algorithmic"
     return [
-        Rule("sub-as-negated-add", a,
-             (rewrite(f"(VVSub {p})", f"(Comp (VVAdd {p}) (Fork (Fst {p}) {negated}))", a),), "none", "a - b = a + b * (-1 everywhere): targets without a subtraction (snowflake, systolic, VTA) "
+        Rule("sub-as-negated-add", a, (rewrite(f"(VVSub {p})", f"(Comp (VVAdd {p}) (Fork (Fst {p}) {negated}))", a),),
+             "none", "a - b = a + b * (-1 everywhere): targets without a subtraction (snowflake, systolic, VTA) "
              "run a GRU's h - n as an add and a multiply by a pinned constant", ex_sub_same),
         Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a, subsume=True),), "none",
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),

@@ -181,7 +181,8 @@ V = lambda n: ta(F32, n)  # noqa: E731
 def _reduce_moving_both_operands(rng):
     n, m = int(rng.integers(1, 5)), int(rng.integers(2, 5))
     p = tp(V(n), V(n))
-    # (ToChip . VVAdd) . Fork(ToChip . Fst, ToChip . Snd): the operator's output stays in "mem"
+    # (ToChip . VVAdd) . Fork(ToChip . Fst, ToChip . Snd), left-nested (one stage before the fork;
+    # _reduce_at_depth gives the right-nested chains): the operator's output stays in "mem"
     moved_sum = T("Comp", T("ToChip", "mem", V(n)), T("VVAdd", p))
     op = T("Comp", moved_sum,
            T("Fork", comp(T("ToChip", "mem", V(n)), T("Fst", p)), comp(T("ToChip", "mem", V(n)), T("Snd", p))))
