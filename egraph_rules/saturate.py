@@ -77,18 +77,21 @@ class Saturator:
 
     def __init__(self, rules: list[Rule]):
         self.egraph = bindings.EGraph()
-        program = "\n".join(
-            [egglog_declarations(), analysis_program(), rulesets_program()]
-            + [r.text() for r in rules]
-            + [f"(unstable-combined-ruleset liftsat {' '.join(LEVELS)})"]
-        )
-        self._run(program)
+        self._run("\n".join([egglog_declarations(), analysis_program(), rulesets_program()]))
+        self._add_rules(rules)
+        self._run(f"(unstable-combined-ruleset liftsat {' '.join(LEVELS)})")
 
     def _run(self, program: str) -> list:
         try:
             return self.egraph.run_program(*self.egraph.parse_program(program))
         except bindings.EggSmolError as exc:
             raise EGraphError(f"egglog: {exc}") from None
+
+    def _add_rules(self, rules: list[Rule]) -> None:
+        """One program per rule: egglog 13.2 copies a program's whole text into every command it
+        runs, so the rules as one program took 15x longer to load (1.7 s against 0.12 s)."""
+        for r in rules:
+            self._run(r.text())
 
     @contextmanager
     def extended(self, rules: list[Rule]) -> Iterator[None]:
@@ -97,7 +100,7 @@ class Saturator:
         e-graph without mixing in another target's."""
         self._run("(push)")
         try:
-            self._run("\n".join(r.text() for r in rules))
+            self._add_rules(rules)
             yield
         finally:
             self._run("(pop)")
