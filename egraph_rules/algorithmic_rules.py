@@ -471,30 +471,6 @@ def _movement() -> list[Rule]:
 def _stacking() -> list[Rule]:
     a = "algorithmic"
 
-    def mv(rows: str, start: str) -> str:
-        return (f"(Comp (MVMul (TP (TA (TA s k) {rows}) (TA s k))) "
-                f"(Fork (Const (App (Slice {start} {rows} tw) w) tp) g))")
-
-    merge = (
-        f"(rule ((= e1 {mv('n1', 'r0')}) (= e2 {mv('n2', 'r1')}) (= r1 (+ r0 n1))) "
-        f"((let big {mv('(+ n1 n2)', 'r0')}) "
-        f"(union e1 (Comp (Slice 0 n1 (TA s (+ n1 n2))) big)) "
-        f"(union e2 (Comp (Slice n1 n2 (TA s (+ n1 n2))) big))) :ruleset {a})"
-    )
-
-    def ex_merge(rng):
-        n1, n2, k, extra = pick(rng, 1, 4), pick(rng, 1, 4), pick(rng, 1, 4), pick(rng, 0, 2)
-        rows = n1 + n2 + extra
-        tw = mat(rows, k)
-        w = var("W", tw)
-        x = T("Id", vec(k))
-
-        def block(start: int, n: int) -> Term:
-            const = T("Const", T("App", T("Slice", start, n, tw), w), vec(k))
-            return T("Comp", T("MVMul", tp(mat(n, k), vec(k))), T("Fork", const, x))
-
-        return T("Fork", block(extra, n1), block(extra + n1, n2))
-
     def ex_full(rng):
         n = pick(rng, 1, 5)
         return T("Slice", 0, n, vec(n))
@@ -507,12 +483,47 @@ def _stacking() -> list[Rule]:
         Rule("reduce-one", a, (rewrite("(Reduce f (TA (TA e k) 1))", "(Join (TA (TA e k) 1))", a, subsume=True),),
              "one element", "Reduce over a one-element array of arrays = that element (a Join: no instruction)",
              ex_reduce_one),
-        Rule("mvmul-merge-row-blocks", a, (merge,), "the two weight blocks are adjacent rows of one constant",
-             "MVMul(W[a:a+n1], x) and MVMul(W[a+n1:a+n1+n2], x) are slices of MVMul(W[a:a+n1+n2], x): products "
-             "of one input by stacked weights (an RNN's gates) become one larger product", ex_merge),
         Rule("slice-whole", a, (rewrite("(Slice 0 n (TA e n))", "(Id (TA e n))", a),), "the slice is the whole array",
              "Slice(0, n) of an n-element array = Id", ex_full),
     ]
+
+
+def _merge_row_blocks(N: int) -> Rule:
+    """Products of one input by adjacent row blocks of one weight (an RNN's gates) as slices of
+    one product by the stacked blocks, where stacking can pack a partial tile of N rows: two
+    blocks of whole tiles stacked are the same tiles (on GRU and LSTM steps at DeepBench sizes,
+    unguarded, it added 2,600 e-nodes and half the saturation time and changed no program)."""
+    a = "algorithmic"
+
+    def mv(rows: str, start: str) -> str:
+        return (f"(Comp (MVMul (TP (TA (TA s k) {rows}) (TA s k))) "
+                f"(Fork (Const (App (Slice {start} {rows} tw) w) tp) g))")
+
+    merge = (
+        f"(rule ((= e1 {mv('n1', 'r0')}) (= e2 {mv('n2', 'r1')}) (= r1 (+ r0 n1)) (!= 0 (+ (% n1 {N}) (% n2 {N})))) "
+        f"((let big {mv('(+ n1 n2)', 'r0')}) "
+        f"(union e1 (Comp (Slice 0 n1 (TA s (+ n1 n2))) big)) "
+        f"(union e2 (Comp (Slice n1 n2 (TA s (+ n1 n2))) big))) :ruleset {a})"
+    )
+
+    def ex_merge(rng):
+        n1, n2, k, extra = N * pick(rng, 0, 1) + pick(rng, 1, N - 1), pick(rng, 1, N + 1), pick(rng, 1, 4), pick(rng, 0, 2)
+        n1, n2 = (n1, n2) if pick(rng, 0, 1) else (n2, n1)
+        rows = n1 + n2 + extra
+        tw = mat(rows, k)
+        w = var("W", tw)
+        x = T("Id", vec(k))
+
+        def block(start: int, n: int) -> Term:
+            const = T("Const", T("App", T("Slice", start, n, tw), w), vec(k))
+            return T("Comp", T("MVMul", tp(mat(n, k), vec(k))), T("Fork", const, x))
+
+        return T("Fork", block(extra, n1), block(extra + n1, n2))
+
+    return Rule(f"mvmul-merge-row-blocks/{N}", a, (merge,),
+                f"the two weight blocks are adjacent rows of one constant; not both a multiple of {N} rows",
+                "MVMul(W[a:a+n1], x) and MVMul(W[a+n1:a+n1+n2], x) are slices of MVMul(W[a:a+n1+n2], x): products "
+                "of one input by stacked weights (an RNN's gates) become one larger product", ex_merge)
 
 
 def _im2col() -> list[Rule]:
@@ -554,7 +565,7 @@ def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable:
     elements, and `pinnable` how many weight elements, the target can hold on chip at once."""
     rules: list[Rule] = tiled_algebra_rules(tile_sizes)
     for n in sorted(set(tile_sizes)):
-        rules += _tiling(n, resident, pinnable)
+        rules += _tiling(n, resident, pinnable) + [_merge_row_blocks(n)]
     return rules
 
 
