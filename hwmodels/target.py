@@ -89,6 +89,17 @@ class Target:
         """Bytes of the largest memory a device op writes its results to."""
         return max(self.memories[o.op.result_space].capacity for o in self.ops)
 
+    @cached_property
+    def tile_read_spaces(self) -> frozenset[str]:
+        """On-chip memories loaded a vector at a time that are read N x N tiles at a time: by a
+        device op's two-dimensional operand, or by the loads of a memory staged in them."""
+        spaces = {m.load_from for m in self.memories.values() if m.load_from and m.load_unit == "tile"}
+        for o in self.ops:
+            a = fin(o.op.meaning)
+            operands = a.args if len(o.op.operand_spaces) > 1 else (a,)
+            spaces |= {s for t, s in zip(operands, o.op.operand_spaces) if t.op == "TA" and t.args[0].op == "TA"}
+        return frozenset(s for s in spaces if s in self.memories and self.memories[s].load_unit == "vector")
+
     def device_ops(self) -> list[DeviceOp]:
         """What the hardware rules are generated from."""
         return [o.op for o in self.ops]
@@ -214,7 +225,11 @@ class CycleCost:
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity:
             return NEVER
-        return _exposed(self.transfers(space, t), self.wait(space, t))
+        loaded = _exposed(self.transfers(space, t), self.wait(space, t))
+        # a first read that needs more than the first unit: the loader is moving those units
+        # (its busy cycles), the device ops that read them wait
+        extra = self.wait(space, t, self.first_read_units(space, t)) - self.wait(space, t)
+        return tuple(x + extra if u in OP_UNITS else x for u, x in zip(UNITS, loaded))
 
     def transfers(self, space: str, t: Term) -> Cost:
         """The units kept busy moving a value of type t from DRAM into `space`."""
@@ -226,10 +241,10 @@ class CycleCost:
         staged = self.transfers(mem.load_from, t)
         return tuple(a + b for a, b in zip(staged, _unit_cost(mem.loader, busy, units)))
 
-    def wait(self, space: str, t: Term) -> float:
-        """Latency of a load that its own transfers do not cover: the reader of its first unit
-        waits for that unit's latency while the later units are still being moved (a staged
-        unit arrives when its whole staging has)."""
+    def wait(self, space: str, t: Term, need: int = 1) -> float:
+        """Latency of a load that its own transfers do not cover: the reader of its first `need`
+        units waits for them and their latency while the later units are still being moved (a
+        staged unit arrives when its whole staging has)."""
         mem = self.t.memories[space]
         if mem.load_from:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
@@ -239,7 +254,24 @@ class CycleCost:
         else:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             first = self.t.dram.latency
-        return max(0.0, float(first - (units - 1) * busy / units))
+        need = min(need, units)
+        return max(0.0, float(first - (units - 2 * need + 1) * busy / units))
+
+    def first_read_units(self, space: str, t: Term) -> int:
+        """How many of a load's units its first read needs. A tile read from a row-major value
+        needs the first native block of each of the tile's N rows, so all of the first N - 1
+        rows (a cpu weight slab of W rows read as W x W tiles: nearly all of it); a vector read,
+        or any read of a memory not read in tiles (`Target.tile_read_spaces`), needs one unit."""
+        if space not in self.t.tile_read_spaces or t.op != "TA":
+            return 1
+        outer, inner = None, t
+        while inner.args[0].op == "TA":
+            outer, inner = inner, inner.args[0]
+        if inner.args[0].op != "TS":
+            return 1
+        n, row = self.t.native_dim, inner.args[1]
+        rows = outer.args[1] if outer is not None else 1
+        return math.ceil(((min(rows, n) - 1) * row + min(row, n)) / self.unit_elems(space))
 
     def latency(self, space: str) -> int:
         """Cycles from a DRAM read to its data in `space`, through the memories it is staged in."""

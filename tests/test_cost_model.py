@@ -19,6 +19,7 @@ CASES = [
     (["Linear(256, 256)"], (1, 256), ("vta",)),                      # partial sums reduced where they are
     (["MaxPool2d(3, stride=2)"], (1, 16, 9, 9), ("cpu", "snowflake")),   # windows loaded once
     (["Conv2d(16, 32, 1)", "ReLU()"], (1, 16, 4, 4), tuple(BUILTIN)),    # the ReLU reads the result where it is
+    (["Linear(1024, 512)"], (4, 1024), ("cpu",)),    # a streamed weight slab read in 8 x 8 tiles
 ]
 
 
@@ -69,6 +70,23 @@ def test_load_wait_is_the_latency_its_own_transfers_do_not_cover() -> None:
     assert eight[1] == dram.latency - 7 * per          # seven more vectors hide part of the latency
     huge = cm.local("ToChip", ("bw.mrf", tensor_type("f32", (1024, 1024))))
     assert huge[1] == 0                                # 64 tiles hide all of it
+
+
+def test_tile_reads_of_a_vector_loaded_slab_wait_for_the_tiles_last_row() -> None:
+    cm = get_target("cpu").cost_model()
+    assert cm.t.tile_read_spaces == {"cpu.cache"}                      # cpu.gemv reads an 8 x 8 tile there
+    assert get_target("systolic").tile_read_spaces == {"gm.sp"}            # the mesh's preload reads tiles there
+    assert not get_target("brainwave").tile_read_spaces                 # its tiles are loaded whole
+    lat, per = cm.t.dram.latency, 8 * 4 // cm.t.dram.bandwidth
+    slab = tensor_type("f32", (8, 1024))           # 1024 vectors; the first tile needs 7 rows and one more vector
+    assert cm.first_read_units("cpu.cache", slab) == 7 * 128 + 1
+    got = cm.local("ToChip", ("cpu.cache", slab))
+    vector_read = max(0, lat - 1023 * per)         # what the loader waits: the first vector's latency, covered
+    tile_read = lat + (2 * 897 - 1 - 1024) * per   # the gemv waits for 897 vectors, less the 127 moved after
+    assert got == (1024 * per + vector_read, tile_read, tile_read, 1024)
+    tiles = tensor_type("f32", (128, 8, 8))        # tile-major: the first tile is the first 8 vectors
+    assert cm.first_read_units("cpu.cache", tiles) == 8
+    assert cm.first_read_units("cpu.cache", ta(F32, 1024)) == 1
 
 
 def test_staged_load_waits_for_its_whole_staging() -> None:
