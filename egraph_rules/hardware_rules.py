@@ -22,21 +22,28 @@ class DeviceOp:
     result_space: str
 
     @property
+    def operands(self) -> tuple[tuple[Term, str], ...]:
+        """(type, memory) of each operand: the op's input for one operand, the parts of its
+        input pair for two."""
+        t = fin(self.meaning)
+        if len(self.operand_spaces) == 1:
+            return ((t, self.operand_spaces[0]),)
+        if len(self.operand_spaces) != 2 or t.op != "TP":
+            raise ValueError(f"device op {self.name}: {len(self.operand_spaces)} operand spaces for input {t}")
+        return tuple(zip(t.args, self.operand_spaces))
+
+    @property
     def term(self) -> Term:
         """The Dev node standing for this operator."""
         return T("Dev", self.name, fin(self.meaning), fout(self.meaning))
 
 
 def _moves(op: DeviceOp) -> str:
+    moves = [T("ToChip", space, t) for t, space in op.operands]
+    if len(moves) == 1:
+        return moves[0].sexpr
     t = fin(op.meaning)
-    if len(op.operand_spaces) == 1:
-        return T("ToChip", op.operand_spaces[0], t).sexpr
-    if len(op.operand_spaces) != 2 or t.op != "TP":
-        raise ValueError(f"device op {op.name}: {len(op.operand_spaces)} operand spaces for input {t}")
-    a, b = t.args
-    fa = T("Comp", T("ToChip", op.operand_spaces[0], a), T("Fst", t))
-    fb = T("Comp", T("ToChip", op.operand_spaces[1], b), T("Snd", t))
-    return T("Fork", fa, fb).sexpr
+    return T("Fork", T("Comp", moves[0], T("Fst", t)), T("Comp", moves[1], T("Snd", t))).sexpr
 
 
 def _generalized(t: Term, n: int, conds: list[str]) -> str:

@@ -95,9 +95,7 @@ class Target:
         device op's two-dimensional operand, or by the loads of a memory staged in them."""
         spaces = {m.load_from for m in self.memories.values() if m.load_from and m.load_unit == "tile"}
         for o in self.ops:
-            a = fin(o.op.meaning)
-            operands = a.args if len(o.op.operand_spaces) > 1 else (a,)
-            spaces |= {s for t, s in zip(operands, o.op.operand_spaces) if t.op == "TA" and t.args[0].op == "TA"}
+            spaces |= {s for t, s in o.op.operands if t.op == "TA" and t.args[0].op == "TA"}
         return frozenset(s for s in spaces if s in self.memories and self.memories[s].load_unit == "vector")
 
     def device_ops(self) -> list[DeviceOp]:
@@ -225,10 +223,14 @@ class CycleCost:
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity:
             return NEVER
-        loaded = _exposed(self.transfers(space, t), self.wait(space, t))
+        wait = self.wait(space, t)
+        loaded = _exposed(self.transfers(space, t), wait)
+        need = self.first_read_units(space, t)
+        if need == 1:
+            return loaded
         # a first read that needs more than the first unit: the loader is moving those units
         # (its busy cycles), the device ops that read them wait
-        extra = self.wait(space, t, self.first_read_units(space, t)) - self.wait(space, t)
+        extra = self.wait(space, t, need) - wait
         return tuple(x + extra if u in OP_UNITS else x for u, x in zip(UNITS, loaded))
 
     def transfers(self, space: str, t: Term) -> Cost:
