@@ -6,7 +6,7 @@ so saturation stays bounded (splitting never recurses below a native size).
 
 from __future__ import annotations
 
-from egraph_rules.ir import T, Term, comp, tp
+from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, T, Term, comp, tp
 from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
 from egraph_rules.rule_examples import mat, pick, var, vec
 from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk
@@ -159,18 +159,18 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
 
     def ex_binary(rng):
         n = N * pick(rng, 2, 4)
-        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][pick(rng, 0, 3)], tp(vec(n), vec(n)))
+        return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, 3)], tp(vec(n), vec(n)))
 
     def ex_unary_pad(rng):
         return T(["VVRelu", "VVTanh", "VVSigm"][pick(rng, 0, 2)], vec(N * pick(rng, 0, 2) + pick(rng, 1, N - 1)))
 
     def ex_binary_pad(rng):
         n = N * pick(rng, 0, 2) + pick(rng, 1, N - 1)
-        return T(["VVAdd", "VVMul", "VVSub", "VVMax"][pick(rng, 0, 3)], tp(vec(n), vec(n)))
+        return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, 3)], tp(vec(n), vec(n)))
 
     def ex_reduce_pad(rng):
         n = N * pick(rng, 0, 2) + pick(rng, 1, N - 1)
-        op = T(["VVAdd", "VVMul", "VVSub", "VVMax"][pick(rng, 0, 3)], tp(vec(n), vec(n)))
+        op = T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, 3)], tp(vec(n), vec(n)))
         return T("Reduce", op, T("TA", vec(n), pick(rng, 2, 4)))
 
     def ex_slice_unary(rng):
@@ -202,7 +202,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
                              f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map ({op} (TA s {N})) (/ n {N})) (Split {N} (TA s n))))",
                              a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
     binary = []
-    for op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
+    for op in ELEMENTWISE_BINARY_OPS:
         ts_ = f"(TA (TA s {N}) (/ n {N}))"
         binary.append(rewrite(
             f"({op} (TP (TA s n) (TA s n)))",
@@ -217,18 +217,18 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         f"(Comp (Slice 0 n (TA s {pad_n})) (Comp ({op} (TP (TA s {pad_n}) (TA s {pad_n}))) "
         f"(Fork (Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Fst (TP (TA s n) (TA s n)))) "
         f"(Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Snd (TP (TA s n) (TA s n)))))))",
-        a, [f"(!= 0 (% n {N}))"]) for op in ("VVAdd", "VVMul", "VVSub", "VVMax")]
+        a, [f"(!= 0 (% n {N}))"]) for op in ELEMENTWISE_BINARY_OPS]
     reduce_pad = [rewrite(
         f"(Reduce ({op} (TP (TA s n) (TA s n))) (TA (TA s n) m))",
         f"(Comp (Slice 0 n (TA s {pad_n})) (Comp (Reduce ({op} (TP (TA s {pad_n}) (TA s {pad_n}))) (TA (TA s {pad_n}) m)) "
         f"(Map (Pad 0 (- {N} (% n {N})) (TA s n)) m)))",
-        a, [f"(!= 0 (% n {N}))"]) for op in ("VVAdd", "VVMul", "VVSub", "VVMax")]
+        a, [f"(!= 0 (% n {N}))"]) for op in ELEMENTWISE_BINARY_OPS]
     slice_unary = []
     for op in ("VVRelu", "VVTanh", "VVSigm"):
         slice_unary += chain_rewrites([f"({op} (TA s n))", "(Slice 0 n (TA s n2))"],
                                       ["(Slice 0 n (TA s n2))", f"({op} (TA s n2))"], a)
     slice_binary = []
-    for op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
+    for op in ELEMENTWISE_BINARY_OPS:
         slice_binary += chain_rewrites(
             [f"({op} (TP (TA s n) (TA s n)))", "(Fork (Comp (Slice 0 n (TA s n2)) g) h)"],
             ["(Slice 0 n (TA s n2))", f"({op} (TP (TA s n2) (TA s n2)))",

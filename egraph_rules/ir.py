@@ -24,6 +24,9 @@ DTYPE_BYTES: dict[str, int] = {"f32": 4, "f16": 2, "f8": 1, "i32": 4, "i8": 1}
 #: RNNCell's nonlinearities and the elementwise function each one is
 RNN_NONLINEARITIES: dict[str, str] = {"tanh": "VVTanh", "relu": "VVRelu"}
 
+#: elementwise binary operators on two vectors of one type
+ELEMENTWISE_BINARY_OPS: tuple[str, ...] = ("VVAdd", "VVMul", "VVSub", "VVMax")
+
 #: elementwise binary operators that are associative and commutative: a reduction with one of
 #: them may be split into partial reductions and its elements reordered
 ASSOC_COMM_OPS: tuple[str, ...] = ("VVAdd", "VVMul", "VVMax")
@@ -369,7 +372,7 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         if a[4] not in RNN_NONLINEARITIES:
             raise IRTypeError(f"RNNCell nonlinearity {a[4]!r} is not one of {', '.join(RNN_NONLINEARITIES)}")
         return h
-    if op in ("VVAdd", "VVMul", "VVSub", "VVMax"):
+    if op in ELEMENTWISE_BINARY_OPS:
         x, y = _pair(a[0], op)
         _vec(x, op)
         if x != y:
