@@ -177,10 +177,11 @@ class CycleCost:
         return NEVER
 
     def reduce_chain(self, t: Term) -> Cost:
-        """What a reduction over an array of type t waits for: every step reads the previous
-        step's result, so its unit waits out the operator's latency beyond the occupancy of the
-        step's own operations. The operator is one of the target's binary ops whose operands
-        tile the element type; the slowest one is assumed."""
+        """What a reduction over an array of type t waits for: every step after the first reads
+        the previous step's result, so its unit waits out the operator's latency beyond the
+        occupancy of the step's own operations (the first step reads two elements, which wait
+        only for whatever computed them). The operator is one of the target's binary ops whose
+        operands tile the element type; the slowest one is assumed."""
         elem, n = t.args
         best: tuple[float, str] | None = None
         for spec in self.t.ops:
@@ -193,7 +194,7 @@ class CycleCost:
                 best = (wait, spec.unit)
         if best is None:
             return ZERO
-        return _unit_cost(best[1], max(n - 1, 0) * best[0], 0)
+        return _unit_cost(best[1], max(n - 2, 0) * best[0], 0)
 
     def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
         """How many times each F/E child's cost counts in the e-node's cost."""
@@ -263,7 +264,9 @@ class CycleCost:
         """How many of a load's units its first read needs. A tile read from a row-major value
         needs the first native block of each of the tile's N rows, so all of the first N - 1
         rows (a cpu weight slab of W rows read as W x W tiles: nearly all of it); a vector read,
-        or any read of a memory not read in tiles (`Target.tile_read_spaces`), needs one unit."""
+        or any read of a memory not read in tiles (`Target.tile_read_spaces`), needs one unit. A
+        matrix whose rows are one native vector each is taken to be a stack of vector operands
+        (a loop's vector reads moved out of it, such as an im2col row), not a tile's rows."""
         if space not in self.t.tile_read_spaces or t.op != "TA":
             return 1
         outer, inner = None, t
@@ -272,7 +275,9 @@ class CycleCost:
         if inner.args[0].op != "TS":
             return 1
         n, row = self.t.native_dim, inner.args[1]
-        rows = outer.args[1] if outer is not None else 1
+        if outer is None or (outer is t and row == n):
+            return 1
+        rows = outer.args[1]
         return math.ceil(((min(rows, n) - 1) * row + min(row, n)) / self.unit_elems(space))
 
     def latency(self, space: str) -> int:
