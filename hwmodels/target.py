@@ -177,11 +177,12 @@ class CycleCost:
         return NEVER
 
     def reduce_chain(self, t: Term) -> Cost:
-        """What a reduction over an array of type t waits for: every step after the first reads
-        the previous step's result, so its unit waits out the operator's latency beyond the
-        occupancy of the step's own operations (the first step reads two elements, which wait
-        only for whatever computed them). The operator is one of the target's binary ops whose
-        operands tile the element type; the slowest one is assumed."""
+        """What a reduction over an array of type t waits for: every step reads the previous
+        step's result, so its unit waits out the operator's latency beyond the occupancy of the
+        step's own operations. The first step waits as long for its two elements, computed just
+        before it (when they were loaded long before, as a max pool's windows, that over-charges
+        one step). The operator is one of the target's binary ops whose operands tile the
+        element type; the slowest one is assumed."""
         elem, n = t.args
         best: tuple[float, str] | None = None
         for spec in self.t.ops:
@@ -194,7 +195,7 @@ class CycleCost:
                 best = (wait, spec.unit)
         if best is None:
             return ZERO
-        return _unit_cost(best[1], max(n - 2, 0) * best[0], 0)
+        return _unit_cost(best[1], max(n - 1, 0) * best[0], 0)
 
     def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
         """How many times each F/E child's cost counts in the e-node's cost."""
