@@ -6,7 +6,7 @@ so saturation stays bounded (splitting never recurses below a native size).
 
 from __future__ import annotations
 
-from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, T, Term, comp, tp
+from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, ELEMENTWISE_UNARY_OPS, T, Term, comp, tp
 from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
 from egraph_rules.rule_examples import mat, pick, var, vec
 from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk
@@ -155,18 +155,18 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         return _mv(pick(rng, 1, 5), N * pick(rng, 0, 2) + pick(rng, 1, N - 1))
 
     def ex_unary(rng):
-        return T(["VVRelu", "VVTanh", "VVSigm"][pick(rng, 0, 2)], vec(N * pick(rng, 2, 4)))
+        return T(ELEMENTWISE_UNARY_OPS[pick(rng, 0, len(ELEMENTWISE_UNARY_OPS) - 1)], vec(N * pick(rng, 2, 4)))
 
     def ex_binary(rng):
         n = N * pick(rng, 2, 4)
-        return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, 3)], tp(vec(n), vec(n)))
+        return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, len(ELEMENTWISE_BINARY_OPS) - 1)], tp(vec(n), vec(n)))
 
     def ex_unary_pad(rng):
-        return T(["VVRelu", "VVTanh", "VVSigm"][pick(rng, 0, 2)], vec(N * pick(rng, 0, 2) + pick(rng, 1, N - 1)))
+        return T(ELEMENTWISE_UNARY_OPS[pick(rng, 0, len(ELEMENTWISE_UNARY_OPS) - 1)], vec(N * pick(rng, 0, 2) + pick(rng, 1, N - 1)))
 
     def ex_binary_pad(rng):
         n = N * pick(rng, 0, 2) + pick(rng, 1, N - 1)
-        return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, 3)], tp(vec(n), vec(n)))
+        return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, len(ELEMENTWISE_BINARY_OPS) - 1)], tp(vec(n), vec(n)))
 
     def ex_slice_unary(rng):
         n2 = N * pick(rng, 1, 3)
@@ -192,7 +192,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     pad_k = f"(+ k (- {N} (% k {N})))"
     tpm = "(TP (TA (TA s k) n) (TA s k))"
     unary = []
-    for op in ("VVRelu", "VVTanh", "VVSigm"):
+    for op in ELEMENTWISE_UNARY_OPS:
         unary.append(rewrite(f"({op} (TA s n))",
                              f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map ({op} (TA s {N})) (/ n {N})) (Split {N} (TA s n))))",
                              a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
@@ -206,7 +206,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
             a, [f"(= 0 (% n {N}))", f"(> n {N})"]))
     pad_unary = [rewrite(f"({op} (TA s n))",
                          f"(Comp (Slice 0 n (TA s {pad_n})) (Comp ({op} (TA s {pad_n})) (Pad 0 (- {N} (% n {N})) (TA s n))))",
-                         a, [f"(!= 0 (% n {N}))"]) for op in ("VVRelu", "VVTanh", "VVSigm")]
+                         a, [f"(!= 0 (% n {N}))"]) for op in ELEMENTWISE_UNARY_OPS]
     pad_binary = [rewrite(
         f"({op} (TP (TA s n) (TA s n)))",
         f"(Comp (Slice 0 n (TA s {pad_n})) (Comp ({op} (TP (TA s {pad_n}) (TA s {pad_n}))) "
@@ -214,7 +214,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         f"(Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Snd (TP (TA s n) (TA s n)))))))",
         a, [f"(!= 0 (% n {N}))"]) for op in ELEMENTWISE_BINARY_OPS]
     slice_unary = []
-    for op in ("VVRelu", "VVTanh", "VVSigm"):
+    for op in ELEMENTWISE_UNARY_OPS:
         slice_unary += chain_rewrites([f"({op} (TA s n))", "(Slice 0 n (TA s n2))"],
                                       ["(Slice 0 n (TA s n2))", f"({op} (TA s n2))"], a)
     slice_binary = []

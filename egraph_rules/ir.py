@@ -24,7 +24,8 @@ DTYPE_BYTES: dict[str, int] = {"f32": 4, "f16": 2, "f8": 1, "i32": 4, "i8": 1}
 #: RNNCell's nonlinearities and the elementwise function each one is
 RNN_NONLINEARITIES: dict[str, str] = {"tanh": "VVTanh", "relu": "VVRelu"}
 
-#: elementwise binary operators on two vectors of one type
+#: elementwise operators on one vector, and on two vectors of one type
+ELEMENTWISE_UNARY_OPS: tuple[str, ...] = ("VVRelu", "VVTanh", "VVSigm")
 ELEMENTWISE_BINARY_OPS: tuple[str, ...] = ("VVAdd", "VVMul", "VVSub", "VVMax")
 
 #: elementwise binary operators that are associative and commutative: a reduction with one of
@@ -378,7 +379,7 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         if x != y:
             raise IRTypeError(f"{op} of {x} and {y}")
         return x
-    if op in ("VVRelu", "VVTanh", "VVSigm"):
+    if op in ELEMENTWISE_UNARY_OPS:
         _vec(a[0], op)
         return a[0]
     if op == "MVMul":

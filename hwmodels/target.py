@@ -270,15 +270,13 @@ class CycleCost:
         (a loop's vector reads moved out of it, such as an im2col row), not a tile's rows."""
         if space not in self.t.tile_read_spaces or t.op != "TA":
             return 1
-        outer, inner = None, t
-        while inner.args[0].op == "TA":
-            outer, inner = inner, inner.args[0]
-        if inner.args[0].op != "TS":
+        dims = [t]  # the array types from the outermost to the innermost (a vector of scalars)
+        while dims[-1].args[0].op == "TA":
+            dims.append(dims[-1].args[0])
+        n, row = self.t.native_dim, dims[-1].args[1]
+        if dims[-1].args[0].op != "TS" or len(dims) == 1 or (len(dims) == 2 and row == n):
             return 1
-        n, row = self.t.native_dim, inner.args[1]
-        if outer is None or (outer is t and row == n):
-            return 1
-        rows = outer.args[1]
+        rows = dims[-2].args[1]
         return math.ceil(((min(rows, n) - 1) * row + min(row, n)) / self.unit_elems(space))
 
     def latency(self, space: str) -> int:
