@@ -295,17 +295,20 @@ class Codegen:
         self.block.append(ins)
 
     def loop(self, count: int, body) -> None:
-        """Emit `body(counter)` inside a loop of `count` iterations (inline when count is 1)."""
+        """Emit `body(counter)` inside a loop of `count` iterations (inline when count is 1). When
+        the body fails, emission is back in the enclosing block, so a caller that catches the
+        error and compiles something else emits it there."""
         if count == 1:
             body(Affine(0))
             return
         var = self.nvars
         self.nvars += 1
         outer, self.block = self.block, []
-        body(loop_var(var))
-        lp = Loop(var, count, self.block)
-        self.block = outer
-        self.block.append(lp)
+        try:
+            body(loop_var(var))
+        finally:
+            inner, self.block = self.block, outer
+        self.block.append(Loop(var, count, inner))
 
     def transfer(self, kind: str, mnemonic: str, dst: Buf, src: Buf, tile: bool,
                  by: tuple[str, int, int] | None = None) -> None:
@@ -375,8 +378,10 @@ class Codegen:
             v = self.host_buffer(e, e.args[1], f"{e.args[0]} everywhere")
         elif e.op == "App":
             outer, self.block = self.block, self.setup
-            v = self.apply(e.args[0], self.data(e.args[1]))
-            self.block = outer
+            try:
+                v = self.apply(e.args[0], self.data(e.args[1]))
+            finally:
+                self.block = outer
         else:
             raise CodegenError(f"{e.op} is not a value")
         self.data_cache[e] = v

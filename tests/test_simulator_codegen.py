@@ -238,6 +238,23 @@ def test_vector_register_file_overflow():
         generate(relu_program(4 * N), tiny)                             # 32 do not
 
 
+def test_a_stage_whose_loop_overflows_streams_after_what_came_before():
+    """A Map whose result fits the vector register file but whose per-row load does not is
+    compiled again with each row stored as it is computed; the stage before it stays in the
+    program (its loads, products and stores), and the result is right."""
+    rows = 3
+    first = comp(T("ToDram", M(rows, N)), T("Map", dev("v_relu"), rows), T("ToChip", VRF, M(rows, N)))
+    second = T("Map", comp(dev("v_relu"), T("ToChip", VRF, V(N))), rows)
+    term = T("App", comp(T("ToOutput", M(rows, N)), second, first), T("Var", "x", M(rows, N)))
+    # room for the first stage (input and result), the second's result, and one element short of its row
+    program = generate(term, _with_memory(VRF, (3 * rows * N + N - 1) * 4))
+    assert program.histogram() == {"v_rd": 2 * rows, "v_relu": 2 * rows, "v_wr": 2 * rows}
+    x = np.random.default_rng(3).standard_normal((rows, N)).astype(np.float32)
+    run, timing = both(program, {"x": x})
+    np.testing.assert_array_equal(run.output, np.maximum(x, 0))
+    assert run.cycles == timing.cycles
+
+
 def test_codegen_rejects_bad_terms():
     x = T("Var", "x", V(N))
     with pytest.raises(CodegenError, match="applied"):
