@@ -168,6 +168,11 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         n = N * pick(rng, 0, 2) + pick(rng, 1, N - 1)
         return T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, len(ELEMENTWISE_BINARY_OPS) - 1)], tp(vec(n), vec(n)))
 
+    def ex_reduce_pad(rng):
+        n = N * pick(rng, 0, 2) + pick(rng, 1, N - 1)
+        op = T(ELEMENTWISE_BINARY_OPS[pick(rng, 0, len(ELEMENTWISE_BINARY_OPS) - 1)], tp(vec(n), vec(n)))
+        return T("Reduce", op, T("TA", vec(n), pick(rng, 2, 4)))
+
     def ex_slice_unary(rng):
         n2 = N * pick(rng, 1, 3)
         n = pick(rng, 1, n2 - 1) if n2 > 1 else 1
@@ -212,6 +217,11 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         f"(Comp (Slice 0 n (TA s {pad_n})) (Comp ({op} (TP (TA s {pad_n}) (TA s {pad_n}))) "
         f"(Fork (Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Fst (TP (TA s n) (TA s n)))) "
         f"(Comp (Pad 0 (- {N} (% n {N})) (TA s n)) (Snd (TP (TA s n) (TA s n)))))))",
+        a, [f"(!= 0 (% n {N}))"]) for op in ELEMENTWISE_BINARY_OPS]
+    reduce_pad = [rewrite(
+        f"(Reduce ({op} (TP (TA s n) (TA s n))) (TA (TA s n) m))",
+        f"(Comp (Slice 0 n (TA s {pad_n})) (Comp (Reduce ({op} (TP (TA s {pad_n}) (TA s {pad_n}))) (TA (TA s {pad_n}) m)) "
+        f"(Map (Pad 0 (- {N} (% n {N})) (TA s n)) m)))",
         a, [f"(!= 0 (% n {N}))"]) for op in ELEMENTWISE_BINARY_OPS]
     slice_unary = []
     for op in ELEMENTWISE_UNARY_OPS:
@@ -279,6 +289,9 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              "elementwise f = Slice(0, n) . f . Pad (the padding's values are sliced away)", ex_unary_pad),
         Rule(f"binary-pad/{N}", a, tuple(pad_binary), f"length not divisible by {N}",
              "a op b = Slice(0, n) (Pad a op Pad b) for elementwise op", ex_binary_pad),
+        Rule(f"reduce-pad/{N}", a, tuple(reduce_pad), f"length not divisible by {N}",
+             "Reduce(op) over vectors = Slice(0, n) . Reduce(op over padded vectors) . Map(Pad) for elementwise op "
+             "(the padding lanes never meet the others)", ex_reduce_pad),
         Rule(f"slice-through-unary/{N}", a, tuple(slice_unary), "slice starts at 0",
              "f . Slice(0, n) = Slice(0, n) . f on the longer vector (elementwise f)", ex_slice_unary),
         Rule(f"slice-through-binary/{N}", a, tuple(slice_binary), f"padded length divisible by {N}",

@@ -200,6 +200,15 @@ def _layout_only(f: Term, pad: bool) -> bool:
     return f.op in ("Split", "Join", "Transpose", "Slice", "Slide", "Id") or (pad and f.op in ("Pad", "PadWith"))
 
 
+def _dense(space: str, base: int, shape: tuple[int, ...]) -> Buf:
+    """A row-major buffer of the given shape at base."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return Buf(space, Affine(base), tuple(shape), tuple(reversed(strides)))
+
+
 def _is_view(f: Term) -> bool:
     return _layout_only(f, pad=False)
 
@@ -246,11 +255,7 @@ class Codegen:
             if self.alloc[space] > cap:
                 raise CapacityError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
                                    f"capacity {cap * 4}")
-        strides, acc = [], 1
-        for d in reversed(shape):
-            strides.append(acc)
-            acc *= d
-        return Buf(space, Affine(base), tuple(shape), tuple(reversed(strides)))
+        return _dense(space, base, shape)
 
     def host_copy(self, v: Buf) -> Buf:
         """A contiguous host layout of a (strided) view of host data, indexed like the view."""
@@ -423,7 +428,11 @@ class Codegen:
                 if space is None:
                     raise
                 out = self.allocate(space, shape_of(fout(f)))
-                return self._apply(f, v, out)
+                try:
+                    return self._apply(f, v, out)
+                except CodegenError:  # rows with room for whole vectors, which the view joins
+                    self.restore(saved)
+                    return _view(a[0], self.packed(self.apply(a[1], v)), 0)
         if op == "Comp":
             inner_dest = self.before_view(a[0], dest)
             if inner_dest is not None:
@@ -520,9 +529,10 @@ class Codegen:
                 dict(self.data_cache), dict(self.shared))
 
     def restore(self, saved: tuple) -> None:
-        """Forget everything compiled since `saved` was taken (within the same block)."""
-        alloc, hosts, setups, instrs, self.nvars, self.data_cache, self.shared = saved
-        self.alloc = dict(alloc)
+        """Forget everything compiled since `saved` was taken (within the same block); the same
+        snapshot may be restored again."""
+        alloc, hosts, setups, instrs, self.nvars, cache, shared = saved
+        self.alloc, self.data_cache, self.shared = dict(alloc), dict(cache), dict(shared)
         del self.host[hosts:], self.setup[setups:], self.block[instrs:]
 
     def stream_out(self, m: Term, v: object) -> Buf:
@@ -707,6 +717,28 @@ class Codegen:
         by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else None
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
+
+    def packed(self, v: object) -> Buf:
+        """The rows of an on-chip value laid out densely. Computed rows shorter than a native
+        vector have room for whole vectors, which no view can join; so each row is stored whole
+        to DRAM, in order, at the end of the previous row's data (the next rows overwrite its
+        padding, and a slack after the last row takes that one's), and the dense rows are
+        loaded back."""
+        if not (isinstance(v, Buf) and v.host is None and v.space != "dram" and len(v.shape) >= 2
+                and v.strides[-1] == 1):
+            raise CodegenError("only rows computed on chip can be packed densely")
+        *lead, k = v.shape
+        room, rows = self.row_room(k), math.prod(lead)
+        dense = _dense(v.space, 0, v.shape).strides
+        if v.strides[-2] < room or any(v.strides[d] != v.shape[d + 1] * v.strides[d + 1] for d in range(len(lead) - 1)):
+            raise CodegenError(f"rows of shape {v.shape}, strides {v.strides} cannot be packed densely")
+        flat = self.row_room(rows * k)
+        staged = self._allocate("dram", (flat + room,))
+        self.loop(rows, lambda i: self.transfer(
+            "store", self.t.store_mnemonic, Buf("dram", staged.addr + i.scaled(k), (room,), (1,)),
+            Buf(v.space, v.addr + i.scaled(v.strides[-2]), (room,), (1,)), tile=False))
+        back = self.to_chip(v.space, Buf("dram", staged.addr, (flat,), (1,)), None)
+        return Buf(back.space, back.addr, v.shape, dense)
 
     def to_dram(self, v: object, dest: Buf | None = None) -> Buf:
         """Write a value to DRAM: into dest (an element of a loop's DRAM result, rows with room

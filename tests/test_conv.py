@@ -180,6 +180,17 @@ def test_image_layers_run_on_brainwave(layers, shape):
     assert r.egraph.saturated
 
 
+def test_a_max_pool_over_channels_short_of_the_vector_pads_each_window_once():
+    """5 channels on 32-wide vectors: the host pads the whole window array (rule reduce-pad), so
+    each 3x3 window is loaded and reduced on chip; padding each step's operands instead costs a
+    mask multiply per step (7 per pixel, not 3) and, in the model, a reload of the accumulator."""
+    r = optimize(["MaxPool2d(3, stride=2)"], (1, 5, 9, 9), native_dim=32)
+    assert r.max_rel_error == 0.0
+    assert r.ops["v_rd"] == 16 * 9 and r.ops["vv_max"] == 16 * 8
+    assert r.ops["vv_mul"] == 16 * 3             # one mask per column's maximum, none per step
+    assert r.predicted_cycles < 1.5 * r.cycles   # padded per step, the model said 5x
+
+
 def test_a_convolution_reads_its_im2col_matrix_from_dram():
     """The host lays out the im2col matrix; each pixel's window is one row of it, read with
     v_rd and multiplied by pinned weights."""

@@ -255,6 +255,22 @@ def test_a_stage_whose_loop_overflows_streams_after_what_came_before():
     assert run.cycles == timing.cycles
 
 
+def test_rows_shorter_than_a_vector_are_packed_before_a_join():
+    """Rows of 2 computed on chip have room for a whole native vector each, so Join cannot view
+    them as one dense vector: they are stored whole, in order, each at the end of the previous
+    row's data, and loaded back dense."""
+    rows = 6
+    row = comp(T("Slice", 0, 2, V(N)), dev("v_relu"))
+    joined = comp(T("Join", M(rows, 2)), T("Map", row, rows), T("Split", N, V(rows * N)), T("ToChip", VRF, V(rows * N)))
+    f = comp(T("ToOutput", V(N)), dev("v_relu"), T("Slice", 0, N, V(rows * 2)), joined)
+    program = generate(T("App", f, T("Var", "x", V(rows * N))), TARGET)
+    assert program.histogram() == {"v_rd": rows + 3, "v_relu": rows + 1, "v_wr": rows + 1}
+    x = np.random.default_rng(5).standard_normal(rows * N).astype(np.float32)
+    run, timing = both(program, {"x": x})
+    np.testing.assert_array_equal(run.output, np.maximum(x.reshape(rows, N)[:, :2].reshape(-1)[:N], 0))
+    assert run.cycles == timing.cycles
+
+
 def test_codegen_rejects_bad_terms():
     x = T("Var", "x", V(N))
     with pytest.raises(CodegenError, match="applied"):
