@@ -73,6 +73,8 @@ def _index(v: object, i: Affine) -> object:
 
 def _view(f: Term, v: Buf, dim: int) -> Buf:
     """Apply a re-indexing function at dimension `dim` of a buffer view."""
+    if not isinstance(v, Buf):
+        raise CodegenError(f"{f.op} re-indexes an array held in one buffer, not a pair or an array of pairs")
     sh, st = list(v.shape), list(v.strides)
     op, a = f.op, f.args
     if op == "Split":

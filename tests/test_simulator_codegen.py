@@ -289,6 +289,17 @@ def test_codegen_rejects_bad_terms():
                                T("ToChip", VRF, V(2 * N))), T("Var", "x", V(2 * N))), TARGET)
 
 
+def test_a_re_indexing_of_an_array_of_pairs_is_a_codegen_error():
+    """Split of Zip's result (an array of pairs held in two buffers) has no strided view: a
+    CodegenError naming the re-indexing, not an AttributeError from inside codegen."""
+    pair_t = tp(M(4, N), M(4, N))
+    loaded = [comp(T("ToChip", VRF, M(4, N)), T(side, pair_t)) for side in ("Fst", "Snd")]
+    f = comp(T("ToOutput", M(4, N)), T("Join", ta(M(2, N), 2)), T("Map", T("Map", dev("vv_add"), 2), 2),
+             T("Split", 2, ta(tp(V(N), V(N)), 4)), T("Zip", pair_t), T("Fork", *loaded))
+    with pytest.raises(CodegenError, match="Split re-indexes an array held in one buffer"):
+        generate(T("App", f, T("Pair", T("Var", "a", M(4, N)), T("Var", "b", M(4, N)))), TARGET)
+
+
 def test_host_pads_inputs():
     """Pad of host data becomes a padded host buffer, not an instruction."""
     f = comp(T("ToOutput", V(N)), dev("v_relu"), T("ToChip", VRF, V(N)), T("Pad", 0, 1, V(N - 1)))
