@@ -7,6 +7,8 @@ Reduce become loops whose addresses are affine in the loop counters; device ops 
 instructions; ToChip becomes loads (in the setup block when it moves a constant: pinned
 weights), ToOutput becomes stores. The host lays out inputs and
 weights in DRAM, padded where the term pads them. Memory is allocated with capacity checks.
+Computed rows shorter than a native vector keep room for a whole vector each; a Join that
+flattens them packs them densely through DRAM (`Codegen.packed`).
 """
 
 from __future__ import annotations
