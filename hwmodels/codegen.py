@@ -434,9 +434,14 @@ class Codegen:
                 out = self.allocate(space, shape_of(fout(f)))
                 try:
                     return self._apply(f, v, out)
-                except CodegenError:  # rows with room for whole vectors, which the view joins
+                except CodegenError as err:  # rows with room for whole vectors, which the view joins
                     self.restore(saved)
-                    return _view(a[0], self.packed(self.apply(a[1], v)), 0)
+                    try:
+                        return _view(a[0], self.packed(self.apply(a[1], v)), 0)
+                    except CapacityError:
+                        raise
+                    except CodegenError:  # not such rows: why laying the result out failed
+                        raise err from None
         if op == "Comp":
             inner_dest = self.before_view(a[0], dest)
             if inner_dest is not None:
