@@ -424,8 +424,10 @@ class Codegen:
             return self.data(a[0].args[0])
         if op == "Comp" and dest is None and _is_view(a[0]) and _inverse(a[0]) is not None:
             saved = self.snapshot()
+            inner: object = None
             try:
-                return _view(a[0], self.apply(a[1], v), 0)
+                inner = self.apply(a[1], v)
+                return _view(a[0], inner, 0)
             except CodegenError:  # not a strided view of the result: lay the result out for it
                 self.restore(saved)
                 space = self.result_space(a[1], v.space if isinstance(v, Buf) else None)
@@ -434,14 +436,11 @@ class Codegen:
                 out = self.allocate(space, shape_of(fout(f)))
                 try:
                     return self._apply(f, v, out)
-                except CodegenError as err:  # rows with room for whole vectors, which the view joins
-                    self.restore(saved)
-                    try:
-                        return _view(a[0], self.packed(self.apply(a[1], v)), 0)
-                    except CapacityError:
+                except CodegenError:
+                    if not self.packable(inner):
                         raise
-                    except CodegenError:  # not such rows: why laying the result out failed
-                        raise err from None
+                    self.restore(saved)  # rows with room for whole vectors, which the view joins
+                    return _view(a[0], self.packed(self.apply(a[1], v)), 0)
         if op == "Comp":
             inner_dest = self.before_view(a[0], dest)
             if inner_dest is not None:
@@ -727,27 +726,31 @@ class Codegen:
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
 
-    def packed(self, v: object) -> Buf:
-        """The rows of an on-chip value laid out densely. Computed rows shorter than a native
+    def packable(self, v: object) -> bool:
+        """Whether v is rows computed on chip, each with room for whole native vectors, laid out
+        one after another (what `packed` lays out densely)."""
+        if not (isinstance(v, Buf) and v.host is None and v.space != "dram" and len(v.shape) >= 2
+                and v.strides[-1] == 1 and v.strides[-2] >= self.row_room(v.shape[-1])):
+            return False
+        return all(v.strides[d] == v.shape[d + 1] * v.strides[d + 1] for d in range(len(v.shape) - 2))
+
+    def packed(self, v: Buf) -> Buf:
+        """The rows of a `packable` value laid out densely. Computed rows shorter than a native
         vector have room for whole vectors, which no view can join; so each row is stored whole
         to DRAM, in order, at the end of the previous row's data (the next rows overwrite its
         padding, and a slack after the last row takes that one's), and the dense rows are
         loaded back."""
-        if not (isinstance(v, Buf) and v.host is None and v.space != "dram" and len(v.shape) >= 2
-                and v.strides[-1] == 1):
-            raise CodegenError("only rows computed on chip can be packed densely")
+        if not self.packable(v):
+            raise CodegenError(f"only rows computed on chip can be packed densely, not {v}")
         *lead, k = v.shape
         room, rows = self.row_room(k), math.prod(lead)
-        dense = _dense(v.space, 0, v.shape).strides
-        if v.strides[-2] < room or any(v.strides[d] != v.shape[d + 1] * v.strides[d + 1] for d in range(len(lead) - 1)):
-            raise CodegenError(f"rows of shape {v.shape}, strides {v.strides} cannot be packed densely")
         flat = self.row_room(rows * k)
         staged = self._allocate("dram", (flat + room,))
         self.loop(rows, lambda i: self.transfer(
             "store", self.t.store_mnemonic, Buf("dram", staged.addr + i.scaled(k), (room,), (1,)),
             Buf(v.space, v.addr + i.scaled(v.strides[-2]), (room,), (1,)), tile=False))
         back = self.to_chip(v.space, Buf("dram", staged.addr, (flat,), (1,)), None)
-        return Buf(back.space, back.addr, v.shape, dense)
+        return Buf(back.space, back.addr, v.shape, _dense(v.space, 0, v.shape).strides)
 
     def to_dram(self, v: object, dest: Buf | None = None) -> Buf:
         """Write a value to DRAM: into dest (an element of a loop's DRAM result, rows with room
