@@ -740,17 +740,13 @@ class Codegen:
         to DRAM, in order, at the end of the previous row's data (the next rows overwrite its
         padding, and a slack after the last row takes that one's), and the dense rows are
         loaded back."""
-        if not self.packable(v):
-            raise CodegenError(f"only rows computed on chip can be packed densely, not {v}")
         *lead, k = v.shape
-        room, rows = self.row_room(k), math.prod(lead)
-        flat = self.row_room(rows * k)
-        staged = self._allocate("dram", (flat + room,))
-        self.loop(rows, lambda i: self.transfer(
-            "store", self.t.store_mnemonic, Buf("dram", staged.addr + i.scaled(k), (room,), (1,)),
-            Buf(v.space, v.addr + i.scaled(v.strides[-2]), (room,), (1,)), tile=False))
-        back = self.to_chip(v.space, Buf("dram", staged.addr, (flat,), (1,)), None)
-        return Buf(back.space, back.addr, v.shape, _dense(v.space, 0, v.shape).strides)
+        rows, flat = math.prod(lead), self.row_room(math.prod(v.shape))
+        staged = self._allocate("dram", (flat + self.row_room(k),))
+        self.to_dram(Buf(v.space, v.addr, (rows, k), (v.strides[-2], 1)),
+                     replace(staged, shape=(rows, k), strides=(k, 1)))
+        back = self.to_chip(v.space, replace(staged, shape=(flat,)), None)
+        return replace(_dense(back.space, 0, v.shape), addr=back.addr)
 
     def to_dram(self, v: object, dest: Buf | None = None) -> Buf:
         """Write a value to DRAM: into dest (an element of a loop's DRAM result, rows with room
