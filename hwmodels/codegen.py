@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
+from hwmodels.memory_plan import Buffer, PlanError, share_memory
 from hwmodels.target import OpSpec, Target
 
 
@@ -224,8 +225,12 @@ def _host_layout(f: Term) -> bool:
 class Codegen:
     """Compiles one term for one target."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, bounded: bool = True):
+        """bounded: every buffer gets memory of its own, and the running total must fit; when
+        not, only each buffer alone must fit (buffers then share memory by lifetime)."""
         self.t = target
+        self.bounded = bounded
+        self.buffers: list[Buffer] = []
         self.n = target.native_dim
         self.ops: dict[str, OpSpec] = target.op_by_name
         self.alloc: dict[str, int] = {"dram": 0, **{s: 0 for s in target.memories}}
@@ -255,10 +260,11 @@ class Codegen:
         base = self.alloc[space]
         self.alloc[space] = base + padded
         if space != "dram":
+            self.buffers.append(Buffer(space, base, padded))
             cap = self.t.memories[space].capacity // 4
-            if self.alloc[space] > cap:
-                raise CapacityError(f"{space} overflow: the program needs {self.alloc[space] * 4} bytes, "
-                                   f"capacity {cap * 4}")
+            need = self.alloc[space] if self.bounded else padded
+            if need > cap:
+                raise CapacityError(f"{space} overflow: the program needs {need * 4} bytes, capacity {cap * 4}")
         return _dense(space, base, shape)
 
     def host_copy(self, v: Buf) -> Buf:
@@ -534,14 +540,14 @@ class Codegen:
     def snapshot(self) -> tuple:
         """The compilation state, to go back to when an attempt does not fit."""
         return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
-                dict(self.data_cache), dict(self.shared))
+                dict(self.data_cache), dict(self.shared), len(self.buffers))
 
     def restore(self, saved: tuple) -> None:
         """Forget everything compiled since `saved` was taken (within the same block); the same
         snapshot may be restored again."""
-        alloc, hosts, setups, instrs, self.nvars, cache, shared = saved
+        alloc, hosts, setups, instrs, self.nvars, cache, shared, buffers = saved
         self.alloc, self.data_cache, self.shared = dict(alloc), dict(cache), dict(shared)
-        del self.host[hosts:], self.setup[setups:], self.block[instrs:]
+        del self.host[hosts:], self.setup[setups:], self.block[instrs:], self.buffers[buffers:]
 
     def stream_out(self, m: Term, v: object) -> Buf:
         """ToOutput of a Map whose program does not fit on chip with all its results there: the
@@ -789,13 +795,31 @@ def _describe(e: Term) -> str:
 
 
 def generate(term: Term, target: Target) -> Program:
-    """Compile an extracted program term (App(F, input)) into a program for the target."""
+    """Compile an extracted program term (App(F, input)) into a program for the target. Every
+    buffer gets memory of its own; when they do not all fit, buffers whose lifetimes do not
+    overlap share memory (the program is compiled again without the running total's check)."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
-    cg = Codegen(target)
+    try:
+        return _generate(term, Codegen(target))
+    except CapacityError as exc:
+        overflow = exc
+    cg = Codegen(target, bounded=False)
+    try:
+        program = share_memory(_generate(term, cg), cg.buffers)
+    except (CodegenError, PlanError):
+        raise overflow from None
+    for space, n in program.memory_sizes.items():
+        cap = target.memories[space].capacity // 4 if space in target.memories else n
+        if n > cap:
+            raise CapacityError(f"{space} overflow: the program needs {n * 4} bytes with buffers sharing memory by "
+                                f"lifetime, capacity {cap * 4}")
+    return program
+
+
+def _generate(term: Term, cg: Codegen) -> Program:
     out = cg.apply(term.args[0], cg.data(term.args[1]))
     if not isinstance(out, Buf) or out.space != "dram":
         raise CodegenError("the program does not end with its result in DRAM (ToOutput)")
     sizes = {s: max(n, 1) for s, n in cg.alloc.items()}
-    return Program(target.name, cg.setup, cg.block, sizes, cg.host, out.addr.base, out.shape, out.strides)
-
+    return Program(cg.t.name, cg.setup, cg.block, sizes, cg.host, out.addr.base, out.shape, out.strides)

@@ -332,3 +332,22 @@ def test_pair_operands_come_from_both_register_files():
     program = generate(T("App", comp(T("ToOutput", V(N)), dev("vv_mul"), operands), T("Pair", a, b)), TARGET)
     av, bv = np.arange(N, dtype=np.float32), np.full(N, 3.0, np.float32)
     np.testing.assert_array_equal(simulate(program, N, {"a": av, "b": bv}).output, av * bv)
+
+
+def test_buffers_whose_lifetimes_do_not_overlap_share_memory():
+    """Three ReLUs in a row need four vectors, one per value, but at most two are live at once:
+    with room for two, the third ReLU writes where the loaded input was, and the result is right."""
+    x = T("Var", "x", V(N))
+    term = T("App", comp(T("ToOutput", V(N)), dev("v_relu"), dev("v_relu"), dev("v_relu"), T("ToChip", VRF, V(N))), x)
+    roomy = generate(term, TARGET)
+    assert roomy.memory_sizes[VRF] == 4 * N
+    program = generate(term, _with_memory(VRF, 2 * N * 4))
+    assert program.memory_sizes[VRF] == 2 * N
+    writes = [ins.dst.addr.base for ins in program.body if ins.dst.space == VRF]
+    assert writes == [0, N, 0, N]                                       # load, relu, relu, relu
+    xv = np.random.default_rng(9).standard_normal(N).astype(np.float32)
+    run, timing = both(program, {"x": xv})
+    np.testing.assert_array_equal(run.output, np.maximum(xv, 0))
+    assert run.cycles == timing.cycles
+    with pytest.raises(CodegenError, match="overflow: the program needs 32 bytes with buffers sharing memory"):
+        generate(term, _with_memory(VRF, 2 * N * 4 - 4))

@@ -1,0 +1,160 @@
+"""Lifetime-based placement of on-chip buffers. Codegen lays every buffer out after the one
+before; when they do not all fit, buffers whose lifetimes in the program do not overlap share
+memory (a recurrent step's temporaries, the stages of a stack), as a register allocator would."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+
+from hwmodels.isa import Affine, Block, Instr, Loop, Operand, Program
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An on-chip buffer as codegen laid it out: `size` elements from `start` of `space`."""
+
+    space: str
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+class PlanError(RuntimeError):
+    """An operand touches on-chip memory outside every buffer codegen laid out."""
+
+
+@dataclass
+class _Lifetime:
+    first: int
+    last: int
+    loops: set[int]
+
+
+def lifetimes(program: Program, buffers: list[Buffer]) -> dict[Buffer, tuple[int, int]]:
+    """The live range, in instruction positions (setup first, then the body), of each region
+    the program accesses: a buffer, or adjacent buffers one operand reaches across (a whole
+    vector written into a shorter row at a buffer's end) and that so move together. A region
+    used inside a loop and outside it is live over the whole loop; one the setup writes (a
+    pinned constant) is live over the whole program."""
+    order = sorted(buffers, key=lambda b: (b.space, b.start))
+    starts: dict[str, list[int]] = {}
+    for b in order:
+        starts.setdefault(b.space, []).append(b.start)
+    index = {(b.space, b.start): i for i, b in enumerate(order)}
+    accesses: list[tuple[int, int, int, tuple[int, ...]]] = []
+    loops: dict[int, tuple[int, int]] = {}
+    pos = 0
+
+    def visit(op: Operand, stack: tuple[tuple[int, int, int], ...]) -> None:
+        if op.space not in starts:
+            return
+        lo, hi = _extent(op, {var: count for _, var, count in stack})
+        row = starts[op.space]
+        i, j = bisect.bisect_right(row, lo) - 1, bisect.bisect_right(row, hi - 1) - 1
+        last = order[index[op.space, row[j]]] if j >= 0 else None
+        if i < 0 or hi > last.end:
+            raise PlanError(f"{op} is outside the buffers codegen laid out in {op.space}")
+        first = index[op.space, row[i]]
+        accesses.append((first, first + j - i, pos, tuple(lid for lid, _, _ in stack)))
+
+    def walk(block: Block, stack: tuple[tuple[int, int, int], ...]) -> None:
+        nonlocal pos
+        for item in block:
+            if isinstance(item, Loop):
+                lid, begin = len(loops), pos
+                loops[lid] = (begin, begin)
+                walk(item.body, (*stack, (lid, item.var, item.count)))
+                loops[lid] = (begin, max(begin, pos - 1))
+            else:
+                for op in (item.dst, *item.srcs):
+                    visit(op, stack)
+                pos += 1
+
+    walk(program.setup, ())
+    setup_end = pos
+    walk(program.body, ())
+    group = list(range(len(order)))          # each buffer's first buffer of its region
+    for lo, hi, _, _ in sorted(accesses):
+        for k in range(lo + 1, hi + 1):
+            group[k] = group[lo]
+    regions: dict[int, Buffer] = {}
+    for k, b in enumerate(order):
+        head = order[group[k]]
+        regions[group[k]] = Buffer(b.space, head.start, b.end - head.start)
+    seen: dict[int, _Lifetime] = {}
+    for lo, _, at, stack in accesses:
+        life = seen.setdefault(group[lo], _Lifetime(at, at, set()))
+        life.first, life.last = min(life.first, at), max(life.last, at)
+        life.loops.update(stack)
+    out = {}
+    for g, life in seen.items():
+        first, last = (0, pos - 1) if life.first < setup_end else (life.first, life.last)
+        changed = True
+        while changed:
+            changed = False
+            for lid in life.loops:
+                begin, end = loops[lid]
+                if (first < begin or last > end) and (begin < first or end > last):
+                    first, last, changed = min(first, begin), max(last, end), True
+        out[regions[g]] = (first, last)
+    return out
+
+
+def _extent(op: Operand, counts: dict[int, int]) -> tuple[int, int]:
+    """The addresses [lo, hi) an operand touches over all iterations of its loops."""
+    lo = hi = op.addr.base
+    for var, coeff in op.addr.terms:
+        span = coeff * (counts[var] - 1)
+        lo, hi = lo + min(0, span), hi + max(0, span)
+    return lo, hi + (op.rows - 1) * op.stride + op.cols
+
+
+def place(program: Program, buffers: list[Buffer]) -> tuple[dict[Buffer, int], dict[str, int]]:
+    """A new start for every region the program accesses such that regions live at the same time
+    do not overlap (first fit, in order of first use), and the memory each space then needs."""
+    live = lifetimes(program, buffers)
+    placed: dict[str, list[tuple[int, int, int, int]]] = {}
+    where: dict[Buffer, int] = {}
+    needs: dict[str, int] = {b.space: 0 for b in buffers}
+    for region in sorted(live, key=lambda r: (*live[r], -r.size, r.space, r.start)):
+        first, last = live[region]
+        busy = sorted((a, a + n) for a, n, f, la in placed.get(region.space, ()) if f <= last and first <= la)
+        addr = 0
+        for a, end in busy:
+            if addr + region.size <= a:
+                break
+            addr = max(addr, end)
+        where[region] = addr
+        placed.setdefault(region.space, []).append((addr, region.size, first, last))
+        needs[region.space] = max(needs[region.space], addr + region.size)
+    return where, needs
+
+
+def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) -> Program:
+    """The program with every on-chip operand moved with its region to the region's new start,
+    and each space sized to what it needs."""
+    starts = {s: sorted(r.start for r in where if r.space == s) for s in needs}
+    shift = {(r.space, r.start): at - r.start for r, at in where.items()}
+
+    def move(op: Operand) -> Operand:
+        if op.space not in starts:
+            return op
+        row = starts[op.space]
+        start = row[bisect.bisect_right(row, op.addr.base) - 1]
+        return replace(op, addr=Affine(op.addr.base + shift[op.space, start], op.addr.terms))
+
+    def block(b: Block) -> Block:
+        return [Loop(i.var, i.count, block(i.body)) if isinstance(i, Loop)
+                else replace(i, dst=move(i.dst), srcs=tuple(move(s) for s in i.srcs)) for i in b]
+
+    sizes = {**program.memory_sizes, **{s: max(n, 1) for s, n in needs.items()}}
+    return replace(program, setup=block(program.setup), body=block(program.body), memory_sizes=sizes)
+
+
+def share_memory(program: Program, buffers: list[Buffer]) -> Program:
+    """The program with regions whose lifetimes do not overlap sharing memory."""
+    return relocate(program, *place(program, buffers))

@@ -1,0 +1,78 @@
+"""Lifetime-based placement of on-chip buffers, on programs written by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
+from hwmodels.memory_plan import Buffer, PlanError, lifetimes, place, share_memory
+
+S = "chip"
+
+
+def op(addr: Affine | int, cols: int = 4) -> Operand:
+    return Operand(S, addr if isinstance(addr, Affine) else Affine(addr), 1, cols, cols)
+
+
+def ins(dst: Operand, *srcs: Operand) -> Instr:
+    return Instr("mov", "Copy", "u", 1, 1, dst, srcs)
+
+
+def program(setup: list, body: list, size: int) -> Program:
+    return Program("t", setup, body, {"dram": 16, S: size}, [], 0, (4,), (1,))
+
+
+# A pinned constant (setup), a value computed before a loop and read after it, two rows of
+# temporaries the loop writes and reads each iteration, and a value computed after the loop.
+PINNED, BEFORE, TEMP, ROWS, AFTER = (Buffer(S, 0, 4), Buffer(S, 4, 4), Buffer(S, 8, 4), Buffer(S, 12, 8),
+                                     Buffer(S, 20, 4))
+LOOP = Loop(0, 2, [ins(op(8), op(0)), ins(op(Affine(12) + loop_var(0, 4)), op(8))])
+PROGRAM = program([ins(op(0), op(0))], [ins(op(4), op(4)), LOOP, ins(op(20), op(4)), ins(op(20), op(12, 8))], 24)
+
+
+def test_lifetimes_cover_loops_a_value_lives_across():
+    live = lifetimes(PROGRAM, [PINNED, BEFORE, TEMP, ROWS, AFTER])
+    assert live[PINNED] == (0, 5)          # setup: the whole program
+    assert live[BEFORE] == (1, 4)          # read after the loop: live through it
+    assert live[TEMP] == (2, 3)            # written and read within one iteration
+    assert live[ROWS] == (2, 5)            # rows written in the loop, read after it
+    assert live[AFTER] == (4, 5)
+
+
+def test_placement_reuses_the_memory_of_dead_buffers_only():
+    where, needs = place(PROGRAM, [PINNED, BEFORE, TEMP, ROWS, AFTER])
+    assert where[AFTER] == where[TEMP]     # the loop's temporary is dead after the loop
+    spans = {b: (where[b], where[b] + b.size) for b in where}
+    live = lifetimes(PROGRAM, list(where))
+    for a in where:
+        for b in where:
+            overlap_in_time = a != b and live[a][0] <= live[b][1] and live[b][0] <= live[a][1]
+            if overlap_in_time:
+                assert spans[a][1] <= spans[b][0] or spans[b][1] <= spans[a][0]
+    assert needs[S] == 20
+
+
+def test_share_memory_moves_every_operand_with_its_buffer():
+    moved = share_memory(PROGRAM, [PINNED, BEFORE, TEMP, ROWS, AFTER])
+    assert moved.memory_sizes[S] == 20
+    assert moved.body[2].dst.addr == Affine(8)                         # AFTER now at TEMP's place
+    assert moved.body[1].body[1].dst.addr == Affine(12) + loop_var(0, 4)
+    assert moved.setup == PROGRAM.setup
+
+
+def test_buffers_one_operand_reaches_across_move_together():
+    """A whole vector written at the end of one buffer reaches into the next: the two are one
+    region, placed and moved as one."""
+    across = program([], [ins(op(4), op(4)), ins(op(0, 8), op(4)), ins(op(8), op(0, 8)), ins(op(12), op(8))], 16)
+    buffers = [Buffer(S, 0, 4), Buffer(S, 4, 4), Buffer(S, 8, 4), Buffer(S, 12, 4)]
+    live = lifetimes(across, buffers)
+    assert live == {Buffer(S, 0, 8): (0, 2), Buffer(S, 8, 4): (2, 3), Buffer(S, 12, 4): (3, 3)}
+    moved = share_memory(across, buffers)
+    assert [i.dst.addr.base for i in moved.body] == [4, 0, 8, 0]
+    assert moved.memory_sizes[S] == 12
+
+
+def test_an_operand_outside_every_buffer_is_a_plan_error():
+    bad = program([], [ins(op(4, 8), op(0))], 12)
+    with pytest.raises(PlanError, match="outside the buffers"):
+        lifetimes(bad, [Buffer(S, 0, 4), Buffer(S, 4, 4)])
