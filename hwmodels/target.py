@@ -79,6 +79,8 @@ class Target:
     #: the share of an on-chip memory one value may fill in the cost model; codegen lays out all
     #: live values together, so extraction is retried with less room when none fits
     value_room: float = 1.0
+    #: the same for a constant pinned on chip at setup, which stays there the whole program
+    pinned_room: float = 1.0
 
     @property
     def op_by_name(self) -> dict[str, OpSpec]:
@@ -289,6 +291,11 @@ class CycleCost:
         one: no limit)."""
         mem = self.t.memories.get(space)
         return mem is None or nbytes(t) <= mem.capacity * self.t.value_room
+
+    def fits_pinned(self, space: str, t: Term) -> bool:
+        """Whether a constant of type t may be pinned in the on-chip memory `space` at setup."""
+        mem = self.t.memories.get(space)
+        return mem is None or nbytes(t) <= mem.capacity * self.t.pinned_room
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled)."""

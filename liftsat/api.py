@@ -230,8 +230,9 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
 
 #: how many of the next cheapest programs are tried when the cheapest does not fit on chip
 FALLBACKS = 8
-#: the share of each on-chip memory one value may fill, tried in turn while programs overflow
-ROOM = (1.0, 0.5, 0.25)
+#: the share of each on-chip memory one value, and one constant pinned at setup, may fill, tried
+#: in turn while programs overflow; last, nothing is pinned (weights are read where they are used)
+ROOM = ((1.0, 1.0), (0.5, 0.5), (0.25, 0.25), (0.25, 0.0))
 
 
 def _candidates(best: Extracted, graph: SaturatedGraph, target: Target, alternatives: int) -> Iterator[Extracted]:
@@ -254,12 +255,12 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     out are listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     result, unbuildable = None, []
-    for room in ROOM:
-        cost_target = replace(target, value_room=room)
+    for room, pinned in ROOM:
+        cost_target = replace(target, value_room=room, pinned_room=pinned)
         try:
             best, seconds = extract(graph, cost_target, extractor, time_limit)
         except NoProgramError:
-            if room == ROOM[0]:
+            if (room, pinned) == ROOM[0]:
                 raise
             break  # with less room there is no program at all: report why the others overflowed
         result, overflowed = _first_buildable(model, cost_target, graph, best, seconds, functional, alternatives,

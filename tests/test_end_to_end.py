@@ -195,6 +195,20 @@ def test_weights_that_do_not_fit_are_streamed():
     assert pinned.cycles < r.cycles
 
 
+def test_weights_that_fit_alone_but_not_together_are_read_where_they_are_used():
+    """Five 32x32 weights of one tile each and a matrix register file of four tiles: each weight
+    fits in any share extraction is retried with (a quarter), but pinned together at setup they
+    overflow it; the last retry pins nothing, and every weight is read where it is used."""
+    base = get_target("brainwave", 32)
+    mems = dict(base.memories)
+    mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=4 * 32 * 32 * 4)
+    r = optimize(["Linear(32, 32)", "ReLU()"] * 5, (1, 32), target=dataclasses.replace(base, memories=mems))
+    _check_accuracy(r, (1, 32))
+    assert set(r.weights.values()) == {"streamed"} and r.setup_cycles == 0
+    assert r.unbuildable and all("bw.mrf overflow" in u for u in r.unbuildable)
+    assert r.ops["m_rd"] == 5
+
+
 def test_budget_stop_still_gives_a_correct_program():
     r = optimize(["Linear(64, 64)", "ReLU()"], (1, 64), native_dim=32, budget=Budget(iterations=5))
     assert not r.egraph.saturated
