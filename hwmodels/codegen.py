@@ -809,11 +809,11 @@ def generate(term: Term, target: Target) -> Program:
         program = share_memory(_generate(term, cg), cg.buffers)
     except (CodegenError, PlanError):
         raise overflow from None
-    for space, n in program.memory_sizes.items():
-        cap = target.memories[space].capacity // 4 if space in target.memories else n
-        if n > cap:
-            raise CapacityError(f"{space} overflow: the program needs {n * 4} bytes with buffers sharing memory by "
-                                f"lifetime, capacity {cap * 4}")
+    for space, mem in target.memories.items():
+        need = program.memory_sizes.get(space, 0) * 4
+        if need > mem.capacity:
+            raise CapacityError(f"{space} overflow: the program needs {need} bytes with buffers sharing memory by "
+                                f"lifetime, capacity {mem.capacity}")
     return program
 
 
