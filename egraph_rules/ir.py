@@ -129,6 +129,15 @@ class Term:
             if not ok:
                 raise IRTypeError(f"{self.op}: argument {a!r} is not of sort {sort}")
 
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """Computed once: terms are deep and are dictionary keys everywhere (codegen's caches,
+        extraction's tables), so hashing them afresh each time dominated compile time."""
+        return hash((self.op, self.args))
+
     @property
     def sort(self) -> str:
         return SCHEMA[self.op][0]

@@ -286,8 +286,6 @@ def _first_buildable(model: Model, target: Target, graph: SaturatedGraph, best: 
     not lay out are appended to `unbuildable`."""
     result, overflowed = None, False
     for program in _candidates(best, graph, target, alternatives):
-        if result is not None and len(result.alternatives) == alternatives - 1:
-            break
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:
@@ -298,6 +296,8 @@ def _first_buildable(model: Model, target: Target, graph: SaturatedGraph, best: 
             result = measured
         else:
             result.alternatives.append(measured)
+        if len(result.alternatives) == alternatives - 1:
+            break  # before the next candidate, whose k-best extraction is not needed
     return result, overflowed
 
 
