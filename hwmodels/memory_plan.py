@@ -41,25 +41,20 @@ def lifetimes(program: Program, buffers: list[Buffer]) -> dict[Buffer, tuple[int
     used inside a loop and outside it is live over the whole loop; one the setup writes (a
     pinned constant) is live over the whole program."""
     order = sorted(buffers, key=lambda b: (b.space, b.start))
-    starts: dict[str, list[int]] = {}
-    for b in order:
-        starts.setdefault(b.space, []).append(b.start)
-    index = {(b.space, b.start): i for i, b in enumerate(order)}
+    keys = [(b.space, b.start) for b in order]
+    spaces = {b.space for b in order}
     accesses: list[tuple[int, int, int, tuple[int, ...]]] = []
     loops: dict[int, tuple[int, int]] = {}
     pos = 0
 
     def visit(op: Operand, stack: tuple[tuple[int, int, int], ...]) -> None:
-        if op.space not in starts:
+        if op.space not in spaces:
             return
         lo, hi = _extent(op, {var: count for _, var, count in stack})
-        row = starts[op.space]
-        i, j = bisect.bisect_right(row, lo) - 1, bisect.bisect_right(row, hi - 1) - 1
-        last = order[index[op.space, row[j]]] if j >= 0 else None
-        if i < 0 or hi > last.end:
+        i, j = _holder(keys, op.space, lo), _holder(keys, op.space, hi - 1)
+        if i < 0 or order[i].space != op.space or hi > order[j].end:
             raise PlanError(f"{op} is outside the buffers codegen laid out in {op.space}")
-        first = index[op.space, row[i]]
-        accesses.append((first, first + j - i, pos, tuple(lid for lid, _, _ in stack)))
+        accesses.append((i, j, pos, tuple(lid for lid, _, _ in stack)))
 
     def walk(block: Block, stack: tuple[tuple[int, int, int], ...]) -> None:
         nonlocal pos
@@ -104,6 +99,11 @@ def lifetimes(program: Program, buffers: list[Buffer]) -> dict[Buffer, tuple[int
     return out
 
 
+def _holder(keys: list[tuple[str, int]], space: str, addr: int) -> int:
+    """The index of the last (space, start) in sorted keys at or before addr of space."""
+    return bisect.bisect_right(keys, (space, addr)) - 1
+
+
 def _extent(op: Operand, counts: dict[int, int]) -> tuple[int, int]:
     """The addresses [lo, hi) an operand touches over all iterations of its loops."""
     lo = hi = op.addr.base
@@ -137,15 +137,14 @@ def place(program: Program, buffers: list[Buffer]) -> tuple[dict[Buffer, int], d
 def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) -> Program:
     """The program with every on-chip operand moved with its region to the region's new start,
     and each space sized to what it needs."""
-    starts = {s: sorted(r.start for r in where if r.space == s) for s in needs}
+    keys = sorted((r.space, r.start) for r in where)
     shift = {(r.space, r.start): at - r.start for r, at in where.items()}
 
     def move(op: Operand) -> Operand:
-        if op.space not in starts:
+        if op.space not in needs:
             return op
-        row = starts[op.space]
-        start = row[bisect.bisect_right(row, op.addr.base) - 1]
-        return replace(op, addr=Affine(op.addr.base + shift[op.space, start], op.addr.terms))
+        region = keys[_holder(keys, op.space, op.addr.base)]
+        return replace(op, addr=Affine(op.addr.base + shift[region], op.addr.terms))
 
     def block(b: Block) -> Block:
         return [Loop(i.var, i.count, block(i.body)) if isinstance(i, Loop)
