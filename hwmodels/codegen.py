@@ -434,6 +434,8 @@ class Codegen:
             try:
                 inner = self.apply(a[1], v)
                 return _view(a[0], inner, 0)
+            except CapacityError:  # laid out for the view, the result would overflow as well
+                raise
             except CodegenError:  # not a strided view of the result: lay the result out for it
                 self.restore(saved)
                 space = self.result_space(a[1], v.space if isinstance(v, Buf) else None)
