@@ -39,6 +39,7 @@ class CostModel(Protocol):
     # optional: fits(space, t) -> bool, whether a value of type t fits the on-chip memory `space`;
     # a model without it places no limit on what a function leaves on chip
     # optional: fits_pinned(space, t) -> bool, the same for a constant pinned there at setup
+    # optional: unpinned, a set of e-class ids of constants that may not be pinned on chip
 
 
 class ExtractionError(RuntimeError):
@@ -106,9 +107,10 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
     """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic),
     except those of e-classes whose value would overflow the on-chip memory it is left in (an
     intermediate result codegen could not lay out, which no other cost sees), and constants
-    pinned on chip that the model does not let stay there."""
+    pinned on chip that the model does not let stay there (too large, or `unpinned`)."""
     fits = getattr(model, "fits", None)
     pins = getattr(model, "fits_pinned", None)
+    unpinned = getattr(model, "unpinned", frozenset())
     overflow: dict[str, bool] = {}
     out = []
     for nid in sorted(graph.nodes):
@@ -121,7 +123,8 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
                 overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
             if overflow[cls]:
                 continue
-        if pins is not None and node["op"] == "Const" and not all(pins(space, t) for space, t in view.placed(cls)):
+        if node["op"] == "Const" and view.placed(cls) and (
+                cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in view.placed(cls)))):
             continue
         arg_sorts = SCHEMA[node["op"]][1]
         args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))

@@ -111,8 +111,10 @@ class Target:
         per = math.ceil(nbytes(t) / units / (bandwidth or self.dram.bandwidth))
         return units * per, units
 
-    def cost_model(self) -> CycleCost:
-        return CycleCost(self)
+    def cost_model(self, unpinned: frozenset[str] = frozenset()) -> CycleCost:
+        """The cycle cost model; `unpinned` names e-classes of constants it does not let stay on
+        chip (a pin budget chose others)."""
+        return CycleCost(self, unpinned)
 
 
 Cost = tuple[float, ...]
@@ -145,9 +147,10 @@ class CycleCost:
     FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "PadWith", "Var", "Fill",
             "Pair", "Comp", "Fork", "App")
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, unpinned: frozenset[str] = frozenset()):
         self.t = target
         self.ops = target.op_by_name
+        self.unpinned = unpinned
 
     def unit_elems(self, space: str) -> int:
         """Elements one load into this memory moves (a vector, or a native tile)."""

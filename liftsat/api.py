@@ -14,6 +14,7 @@ from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationS
 from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
+from extraction.pinning import over_budget, pinned_constants
 from frontend.layers import LayerSpec, Model, build_model
 from hwmodels.codegen import CapacityError, CodegenError, generate
 from hwmodels.isa import Program
@@ -37,15 +38,16 @@ def roofline_cycles(model: Model, target: Target) -> float:
 
 
 def weight_residency(term: Term, weights: list[str]) -> dict[str, str]:
-    """For each weight: 'pinned' when the program moves it on chip once, as a constant (loaded
-    at setup), 'streamed' when it is read from DRAM per inference."""
+    """For each weight: 'pinned' when the program moves it on chip once, as constants (loaded
+    at setup), 'streamed' when it is read from DRAM per inference, 'partly pinned' when some
+    parts of it are pinned and the others streamed (a budget for pinned constants chose them)."""
     pinned: set[str] = set()
+    streamed: set[str] = set()
     for node in term.walk():
         if node.op == "Const":
             moved = any(n.op == "ToChip" for n in node.args[0].walk())
-            if moved:
-                pinned |= {n.args[0] for n in node.args[0].walk() if n.op == "Var"}
-    return {w: "pinned" if w in pinned else "streamed" for w in weights}
+            (pinned if moved else streamed).update(n.args[0] for n in node.args[0].walk() if n.op == "Var")
+    return {w: ("partly pinned" if w in streamed else "pinned") if w in pinned else "streamed" for w in weights}
 
 
 @dataclass
@@ -156,19 +158,20 @@ EXTRACTORS = ("greedy", "ilp")
 
 
 def extract(graph: SaturatedGraph, target: Target, extractor: str = "greedy",
-            time_limit: float = TIME_LIMIT) -> tuple[Extracted, float]:
+            time_limit: float = TIME_LIMIT, unpinned: frozenset[str] = frozenset()) -> tuple[Extracted, float]:
     """The target's cheapest program in a saturated e-graph (greedy, or exact by ILP within the
-    time limit) and the seconds extraction took; NoProgramError (saying whether saturation had
-    finished) when the target can run none."""
+    time limit; the constants of the `unpinned` e-classes not pinned on chip) and the seconds
+    extraction took; NoProgramError (saying whether saturation had finished) when the target
+    can run none."""
     if extractor not in EXTRACTORS:
         raise ValueError(f"unknown extractor {extractor!r}; extractors: {', '.join(EXTRACTORS)}")
     stats = graph.stats
     t0 = time.perf_counter()
     try:
         if extractor == "ilp":
-            best = extract_ilp(graph, graph.roots["root"], target.cost_model(), time_limit)
+            best = extract_ilp(graph, graph.roots["root"], target.cost_model(unpinned), time_limit)
         else:
-            best = extract_greedy(graph, graph.roots["root"], target.cost_model())
+            best = extract_greedy(graph, graph.roots["root"], target.cost_model(unpinned))
     except ExtractionError as exc:
         if stats.saturated:
             raise NoProgramError(f"{exc} on {target.name}: the rules cover no device program for it, or its "
@@ -230,15 +233,19 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
 
 #: how many of the next cheapest programs are tried when the cheapest does not fit on chip
 FALLBACKS = 8
-#: the share of each on-chip memory one value, and one constant pinned at setup, may fill, tried
-#: in turn while programs overflow; last, nothing is pinned (weights are read where they are used)
-ROOM = ((1.0, 1.0), (0.5, 0.5), (0.25, 0.25), (0.25, 0.0))
+#: the share of each on-chip memory one value, and one constant pinned at setup, may fill, and
+#: the share all pinned constants may fill together (None: no limit), tried in turn while
+#: programs overflow; last, nothing is pinned (weights are read where they are used)
+ROOM = ((1.0, 1.0, None), (0.5, 0.5, None), (0.25, 0.25, None), (0.25, 0.25, 0.75), (0.25, 0.25, 0.5), (0.25, 0.25, 0.25),
+        (0.25, 0.0, None))
 
 
-def _candidates(best: Extracted, graph: SaturatedGraph, target: Target, alternatives: int) -> Iterator[Extracted]:
+def _candidates(best: Extracted, graph: SaturatedGraph, target: Target, unpinned: frozenset[str],
+                alternatives: int) -> Iterator[Extracted]:
     """The extracted program, then (ranked only when asked for) the next cheapest distinct ones."""
     yield best
-    for c in k_cheapest(graph, graph.roots["root"], target.cost_model(), FALLBACKS + 2 * alternatives):
+    model = target.cost_model(unpinned)
+    for c in k_cheapest(graph, graph.roots["root"], model, FALLBACKS + 2 * alternatives):
         if c.term != best.term:
             yield c
 
@@ -251,20 +258,24 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     which the k-best ranking by tree cost only approximates). Extraction checks each value against
     its memory, but codegen lays out all live values together, so a program may still overflow:
     then the next cheapest that codegen lays out is taken; when none does and some overflowed,
-    extraction is retried with less room per value (`ROOM`). The programs codegen could not lay
-    out are listed in `unbuildable` with the reason."""
+    extraction is retried with less room per value, then with a budget for the pinned constants
+    together, then with none pinned (`ROOM`). The programs codegen could not lay out are listed
+    in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     result, unbuildable = None, []
-    for room, pinned in ROOM:
+    for room, pinned, budget in ROOM:
         cost_target = replace(target, value_room=room, pinned_room=pinned)
         try:
-            best, seconds = extract(graph, cost_target, extractor, time_limit)
+            found = _extract_within(graph, cost_target, extractor, time_limit, budget)
         except NoProgramError:
-            if (room, pinned) == ROOM[0]:
+            if (room, pinned, budget) == ROOM[0]:
                 raise
             break  # with less room there is no program at all: report why the others overflowed
-        result, overflowed = _first_buildable(model, cost_target, graph, best, seconds, functional, alternatives,
-                                              unbuildable)
+        if found is None:
+            continue  # the pinned constants fit the budget already: the stage before tried this
+        best, seconds, unpinned = found
+        result, overflowed = _first_buildable(model, cost_target, unpinned, graph, best, seconds, functional,
+                                              alternatives, unbuildable)
         if result is not None or not overflowed:
             break
     if result is None:
@@ -279,13 +290,34 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     return result
 
 
-def _first_buildable(model: Model, target: Target, graph: SaturatedGraph, best: Extracted, seconds: float,
-                     functional: bool, alternatives: int, unbuildable: list[str]) -> tuple[Result | None, bool]:
+def _extract_within(graph: SaturatedGraph, target: Target, extractor: str, time_limit: float,
+                    budget: float | None) -> tuple[Extracted, float, frozenset[str]] | None:
+    """The cheapest program whose pinned constants fill at most `budget` of each on-chip memory
+    together (any, when None), its extraction seconds and the e-classes of the constants it may
+    not pin. Each program found that pins too much has its smallest pins unpinned
+    (`over_budget`) and extraction runs again, until one fits; None when the first already fits."""
+    unpinned: frozenset[str] = frozenset()
+    total = 0.0
+    while True:
+        best, seconds = extract(graph, target, extractor, time_limit, unpinned)
+        total += seconds
+        if budget is None:
+            return best, total, unpinned
+        pins = pinned_constants(graph, graph.roots["root"], best.term)
+        drop = over_budget(pins, {s: m.capacity * budget for s, m in target.memories.items()})
+        if not drop:
+            return (best, total, unpinned) if unpinned else None
+        unpinned |= drop
+
+
+def _first_buildable(model: Model, target: Target, unpinned: frozenset[str], graph: SaturatedGraph,
+                     best: Extracted, seconds: float, functional: bool, alternatives: int,
+                     unbuildable: list[str]) -> tuple[Result | None, bool]:
     """The cheapest candidate codegen lays out, with up to alternatives - 1 more (None when none
     lays out), and whether any overflowed an on-chip memory; the reasons of those codegen could
     not lay out are appended to `unbuildable`."""
     result, overflowed = None, False
-    for program in _candidates(best, graph, target, alternatives):
+    for program in _candidates(best, graph, target, unpinned, alternatives):
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:

@@ -14,7 +14,7 @@ from egraph_rules.interpreter import Interpreter
 from egraph_rules.ir import ta, ts, ty
 from egraph_rules.saturate import Budget
 from frontend.layers import LayerError, build_model, parse_layer
-from liftsat import optimize
+from liftsat import api, optimize
 from liftsat.targets import TargetError, get_target
 
 FC = ["Linear(1024, 1000)", "ReLU()"]
@@ -195,18 +195,25 @@ def test_weights_that_do_not_fit_are_streamed():
     assert pinned.cycles < r.cycles
 
 
-def test_weights_that_fit_alone_but_not_together_are_read_where_they_are_used():
+def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monkeypatch):
     """Five 32x32 weights of one tile each and a matrix register file of four tiles: each weight
     fits in any share extraction is retried with (a quarter), but pinned together at setup they
-    overflow it; the last retry pins nothing, and every weight is read where it is used."""
+    overflow it. The retry with a budget of three quarters for pinned constants pins three and
+    reads the other two where they are used, faster than the last retry, which pins none."""
     base = get_target("brainwave", 32)
     mems = dict(base.memories)
     mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=4 * 32 * 32 * 4)
-    r = optimize(["Linear(32, 32)", "ReLU()"] * 5, (1, 32), target=dataclasses.replace(base, memories=mems))
+    small = dataclasses.replace(base, memories=mems)
+    r = optimize(["Linear(32, 32)", "ReLU()"] * 5, (1, 32), target=small)
     _check_accuracy(r, (1, 32))
-    assert set(r.weights.values()) == {"streamed"} and r.setup_cycles == 0
+    weights = [r.weights[f"W{2 * i}"] for i in range(5)]
+    assert sorted(weights) == ["pinned"] * 3 + ["streamed"] * 2 and r.ops["m_rd"] == 2 and r.setup_cycles > 0
     assert r.unbuildable and all("bw.mrf overflow" in u for u in r.unbuildable)
-    assert r.ops["m_rd"] == 5
+    monkeypatch.setattr(api, "ROOM", api.ROOM[-1:])
+    none = optimize(["Linear(32, 32)", "ReLU()"] * 5, (1, 32), target=small)
+    _check_accuracy(none, (1, 32))
+    assert set(none.weights.values()) == {"streamed"} and none.setup_cycles == 0 and none.ops["m_rd"] == 5
+    assert r.cycles < none.cycles
 
 
 def test_budget_stop_still_gives_a_correct_program():
