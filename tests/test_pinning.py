@@ -40,6 +40,9 @@ def test_pinned_constants_are_the_programs_on_chip_constants():
     assert not mrf and len(unpinned) >= 2
     assert [(p.space, p.nbytes) for p in pinned_constants(graph, graph.roots["root"], streamed.term)] == [("bw.vrf", 256)]
     assert streamed.cycles > best.cycles
+    # the ILP extractor leaves the same constants unpinned
+    exact, _ = extract(graph, target, "ilp", 2.0, unpinned=frozenset(unpinned))
+    assert [p.space for p in pinned_constants(graph, graph.roots["root"], exact.term)] == ["bw.vrf"]
 
 
 def test_a_term_outside_the_root_class_is_refused():
