@@ -10,7 +10,11 @@ predicted / simulated) and, per target, how many rows are within +-10%, the medi
 Why: extraction chooses programs by the prediction, so a prediction that drifts from what the
 machine does picks the wrong programs; the simulator is the ground truth.
 
+With --compare PATH (a --json file of an earlier run) it also lists the rows whose predicted or
+simulated cycles changed, and the runs that gained or lost a program.
+
 Usage: python benchmarks/fidelity.py [--targets NAME ...] [--only SUBSTRING ...] [--json PATH]
+                                     [--compare PATH]
 """
 
 from __future__ import annotations
@@ -90,12 +94,39 @@ def report(rows: list[dict], targets: list[str]) -> str:
     return "\n".join(lines)
 
 
+def changes(rows: list[dict], before: list[dict]) -> str:
+    """The rows of this run whose predicted or simulated cycles differ from the earlier run's
+    (rows only one run has are left out), and the ±10% count over the rows both runs have."""
+    old = {(r["target"], r["layer"]): r for r in before}
+    both = [(old[(r["target"], r["layer"])], r) for r in rows if (r["target"], r["layer"]) in old]
+    within = [sum("ratio" in r and error(r) <= TOLERANCE for r in side) for side in zip(*both)] if both else [0, 0]
+    lines = [f"Against {len(both)} rows of the earlier run: within ±10% {within[0]} before, {within[1]} now", "",
+             "| layer | target | predicted before | simulated before | ratio before | predicted | simulated | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cells(r: dict) -> str:
+        return (f"{r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f}" if "ratio" in r
+                else "no program | – | –")
+
+    lines += [f"| {r['layer']} | {r['target']} | {cells(o)} | {cells(r)} |" for o, r in both
+              if (o.get("predicted"), o.get("simulated")) != (r.get("predicted"), r.get("simulated"))]
+    return "\n".join(lines if len(lines) > 4 else lines[:1] + ["", "No row changed."])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", nargs="+", default=list(BUILTIN), choices=list(BUILTIN), help="targets to run")
     p.add_argument("--only", nargs="+", metavar="SUBSTRING", help="only layers whose name contains one of these")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    p.add_argument("--compare", metavar="PATH", help="list what changed against an earlier run's --json file")
     args = p.parse_args()
+    before = None
+    if args.compare:
+        try:
+            with open(args.compare) as f:
+                before = json.load(f)
+        except (OSError, ValueError) as exc:
+            p.error(f"--compare {args.compare}: {exc}")
     layers = [row for row in suite() if not args.only or any(s in row[0] for s in args.only)]
     t0 = time.perf_counter()
     rows = []
@@ -108,6 +139,8 @@ def main() -> None:
           f"{platform.python_version()}, egglog {importlib.metadata.version('egglog')}\n")
     print(report(rows, args.targets))
     print(f"\n{len(rows)} runs in {wall:.0f} s wall-clock (slowest {max(r['seconds'] for r in rows):.1f} s)")
+    if before is not None:
+        print("\n" + changes(rows, before))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
