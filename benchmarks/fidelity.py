@@ -10,11 +10,11 @@ predicted / simulated) and, per target, how many rows are within +-10%, the medi
 Why: extraction chooses programs by the prediction, so a prediction that drifts from what the
 machine does picks the wrong programs; the simulator is the ground truth.
 
-With --compare PATH (a --json file of an earlier run) it also lists the rows whose predicted or
+With --compare PATH ... (--json files of an earlier run, or of its parts) it also lists the rows whose predicted or
 simulated cycles changed, and the runs that gained or lost a program.
 
 Usage: python benchmarks/fidelity.py [--targets NAME ...] [--only SUBSTRING ...] [--json PATH]
-                                     [--compare PATH]
+                                     [--compare PATH ...]
 """
 
 from __future__ import annotations
@@ -118,15 +118,16 @@ def main() -> None:
     p.add_argument("--targets", nargs="+", default=list(BUILTIN), choices=list(BUILTIN), help="targets to run")
     p.add_argument("--only", nargs="+", metavar="SUBSTRING", help="only layers whose name contains one of these")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
-    p.add_argument("--compare", metavar="PATH", help="list what changed against an earlier run's --json file")
+    p.add_argument("--compare", nargs="+", metavar="PATH",
+                   help="list what changed against an earlier run's --json files (their rows together)")
     args = p.parse_args()
     before = None
-    if args.compare:
+    for path in args.compare or []:
         try:
-            with open(args.compare) as f:
-                before = json.load(f)
+            with open(path) as f:
+                before = (before or []) + json.load(f)
         except (OSError, ValueError) as exc:
-            p.error(f"--compare {args.compare}: {exc}")
+            p.error(f"--compare {path}: {exc}")
     layers = [row for row in suite() if not args.only or any(s in row[0] for s in args.only)]
     t0 = time.perf_counter()
     rows = []
