@@ -294,8 +294,9 @@ def _extract_within(graph: SaturatedGraph, target: Target, extractor: str, time_
                     budget: float | None) -> tuple[Extracted, float, frozenset[str]] | None:
     """The cheapest program whose pinned constants fill at most `budget` of each on-chip memory
     together (any, when None), its extraction seconds and the e-classes of the constants it may
-    not pin. Each program found that pins too much has its smallest pins unpinned
-    (`over_budget`) and extraction runs again, until one fits; None when the first already fits."""
+    not pin. Each program found that pins too much has the pins that do not fit unpinned
+    (`over_budget` keeps the largest that fit) and extraction runs again, until its pins fit;
+    None when the first program's pins already fit."""
     unpinned: frozenset[str] = frozenset()
     total = 0.0
     while True:
