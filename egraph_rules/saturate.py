@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from egglog import bindings
 
@@ -66,6 +67,15 @@ class SaturatedGraph:
     #: and the e-class of its output type (`fout`), so extraction can check capacities
     spaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def _index(self) -> dict[tuple[str, tuple[str, ...]], str]:
+        """The e-class of each e-node, keyed by its operator and its children's e-classes."""
+        return {(_key(nid, n["op"]), tuple(n["children"])): n["eclass"] for nid, n in self.nodes.items()}
+
+    def class_of(self, term: Term) -> str:
+        """The e-class holding a term (an EGraphError when the e-graph does not hold it)."""
+        return _class_of(term, self._index)
 
 
 def _ir_size(sizes: list[tuple[str, int]]) -> int:
@@ -160,8 +170,6 @@ class Saturator:
         for nid, node in nodes.items():
             classes.setdefault(node["eclass"], []).append(nid)
         _check_types(nodes, classes)
-        index = {(_key(nid, n["op"]), tuple(n["children"])): n["eclass"] for nid, n in nodes.items()}
-        root_classes = {name: _class_of(term, index) for name, term in roots.items()}
         stats.eclasses = sum(1 for ids in classes.values() if not ids[0].startswith("primitive"))
         stats.enodes = sum(1 for nid in nodes if not nid.startswith("primitive"))
         spaces: dict[str, set[str]] = {}
@@ -172,8 +180,9 @@ class Saturator:
                 spaces.setdefault(class_of[f], set()).add(primitive_value(data["nodes"][space]["op"]))
             elif n["op"] == "fout":
                 outputs[class_of[n["children"][0]]] = n["eclass"]
-        return SaturatedGraph(nodes, classes, root_classes, stats,
-                              {c: tuple(sorted(s)) for c, s in spaces.items()}, outputs)
+        graph = SaturatedGraph(nodes, classes, {}, stats, {c: tuple(sorted(s)) for c, s in spaces.items()}, outputs)
+        graph.roots.update({name: graph.class_of(term) for name, term in roots.items()})
+        return graph
 
 
 def _key(nid: str, op: str) -> str:

@@ -3,16 +3,16 @@
 A pinned constant (a weight loaded once at setup) stays on chip the whole program, so buffers
 cannot share its memory. When a program's pinned weights do not fit together, the largest that
 fit a share of each memory stay pinned and the others are read where they are used: a
-first-fit-decreasing knapsack over bytes. Constants are named by their e-class, found by
-matching the program's term against the e-graph.
+first-fit-decreasing knapsack over bytes. Constants are named by their e-class, looked up in
+the e-graph from the program's term.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from egraph_rules.ir import SCHEMA, Term, nbytes
-from egraph_rules.saturate import SaturatedGraph
+from egraph_rules.ir import Term, nbytes
+from egraph_rules.saturate import EGraphError, SaturatedGraph
 from extraction.greedy import GraphView
 
 
@@ -28,34 +28,16 @@ class Pin:
 def pinned_constants(graph: SaturatedGraph, root: str, term: Term) -> list[Pin]:
     """The constants `term` (a program of the root e-class) pins on chip, each once, in e-class
     order."""
-    view = GraphView(graph)
-    found: dict[tuple[str, Term], bool] = {}
-
-    def holds(cls: str, t: Term) -> bool:
-        key = (cls, t)
-        if key not in found:
-            found[key] = any(_matches(view, nid, t, holds) for nid in graph.classes[cls])
-        return found[key]
-
-    if not holds(root, term):
+    try:
+        held = graph.class_of(term) == root
+    except EGraphError:
+        held = False
+    if not held:
         raise ValueError("the program is not a term of the root e-class")
-    pins = {Pin(cls, space, nbytes(t)) for (cls, sub), ok in found.items() if ok and sub.op == "Const"
-            for space, t in view.placed(cls)}
-    return sorted(pins, key=lambda p: (p.eclass, p.space))
-
-
-def _matches(view: GraphView, nid: str, t: Term, holds) -> bool:
-    """Whether e-node nid is the head of t, with each F/E child class holding t's argument."""
-    node = view.graph.nodes[nid]
-    if node["op"] != t.op:
-        return False
-    for sort, child, arg in zip(SCHEMA[t.op][1], node["children"], t.args):
-        if sort in ("F", "E"):
-            if not holds(child, arg):
-                return False
-        elif view.const(child) != arg:
-            return False
-    return True
+    view = GraphView(graph)
+    consts = {graph.class_of(t) for t in term.walk() if t.op == "Const"}
+    return sorted({Pin(cls, space, nbytes(t)) for cls in consts for space, t in view.placed(cls)},
+                  key=lambda p: (p.eclass, p.space))
 
 
 def over_budget(pins: list[Pin], budget: dict[str, float]) -> frozenset[str]:
