@@ -99,18 +99,21 @@ def changes(rows: list[dict], before: list[dict]) -> str:
     (rows only one run has are left out), and the ±10% count over the rows both runs have."""
     old = {(r["target"], r["layer"]): r for r in before}
     both = [(old[(r["target"], r["layer"])], r) for r in rows if (r["target"], r["layer"]) in old]
-    within = [sum("ratio" in r and error(r) <= TOLERANCE for r in side) for side in zip(*both)] if both else [0, 0]
-    lines = [f"Against {len(both)} rows of the earlier run: within ±10% {within[0]} before, {within[1]} now", "",
-             "| layer | target | predicted before | simulated before | ratio before | predicted | simulated | ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+
+    def within(side: list[dict]) -> int:
+        return sum("ratio" in r and error(r) <= TOLERANCE for r in side)
 
     def cells(r: dict) -> str:
-        return (f"{r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f}" if "ratio" in r
-                else "no program | – | –")
+        return f"{r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f}" if "ratio" in r else "no program | – | –"
 
-    lines += [f"| {r['layer']} | {r['target']} | {cells(o)} | {cells(r)} |" for o, r in both
-              if (o.get("predicted"), o.get("simulated")) != (r.get("predicted"), r.get("simulated"))]
-    return "\n".join(lines if len(lines) > 4 else lines[:1] + ["", "No row changed."])
+    changed = [f"| {r['layer']} | {r['target']} | {cells(o)} | {cells(r)} |" for o, r in both
+               if (o.get("predicted"), o.get("simulated")) != (r.get("predicted"), r.get("simulated"))]
+    head = (f"Against {len(both)} rows of the earlier run: within ±10% {within([o for o, _ in both])} before, "
+            f"{within([r for _, r in both])} now")
+    if not changed:
+        return f"{head}\n\nNo row changed."
+    return "\n".join([head, "", "| layer | target | predicted before | simulated before | ratio before | predicted | "
+                       "simulated | ratio |", "|---|---|---|---|---|---|---|---|", *changed])
 
 
 def main() -> None:
@@ -121,11 +124,11 @@ def main() -> None:
     p.add_argument("--compare", nargs="+", metavar="PATH",
                    help="list what changed against an earlier run's --json files (their rows together)")
     args = p.parse_args()
-    before = None
+    before: list[dict] = []
     for path in args.compare or []:
         try:
             with open(path) as f:
-                before = (before or []) + json.load(f)
+                before += json.load(f)
         except (OSError, ValueError) as exc:
             p.error(f"--compare {path}: {exc}")
     layers = [row for row in suite() if not args.only or any(s in row[0] for s in args.only)]
@@ -140,7 +143,7 @@ def main() -> None:
           f"{platform.python_version()}, egglog {importlib.metadata.version('egglog')}\n")
     print(report(rows, args.targets))
     print(f"\n{len(rows)} runs in {wall:.0f} s wall-clock (slowest {max(r['seconds'] for r in rows):.1f} s)")
-    if before is not None:
+    if args.compare:
         print("\n" + changes(rows, before))
     if args.json:
         with open(args.json, "w") as f:

@@ -123,8 +123,8 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
                 overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
             if overflow[cls]:
                 continue
-        if node["op"] == "Const" and view.placed(cls) and (
-                cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in view.placed(cls)))):
+        if node["op"] == "Const" and (placed := view.placed(cls)) and (
+                cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
             continue
         arg_sorts = SCHEMA[node["op"]][1]
         args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
