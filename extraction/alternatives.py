@@ -43,12 +43,12 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     width = max(width or k, k)
     view = GraphView(graph)
     best: dict[str, list[_Cand]] = {}
-    keys: dict[tuple, int] = {}
+    made: dict[tuple, tuple[int, object, float, int]] = {}
 
     def improve(it: Computation) -> bool:
         if any(c not in best for c in it.kids):
             return False
-        merged = _cheapest_per_cost(best.get(it.eclass, []) + _combine(it, best, model, width, keys))[:width]
+        merged = _cheapest_per_cost(best.get(it.eclass, []) + _combine(it, best, model, width, made))[:width]
         if [c.key for c in merged] == [c.key for c in best.get(it.eclass, [])]:
             return False
         best[it.eclass] = merged
@@ -60,26 +60,34 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     return [head] + [Extracted(_term(c, view), c.cost, c.scalar) for c in rest[: k - 1]]
 
 
-def _combine(it: Computation, best: dict[str, list[_Cand]], model: CostModel, width: int, keys: dict[tuple, int]) -> list[_Cand]:
+def _combine(it: Computation, best: dict[str, list[_Cand]], model: CostModel, width: int,
+             made: dict[tuple, tuple[int, object, float, int]]) -> list[_Cand]:
     """The node's `width` cheapest candidates: choices of child candidates explored best-first
-    from (0, 0, ...). `keys` numbers distinct terms (an e-node and its children's numbers), so
-    comparing candidates is cheap."""
+    from (0, 0, ...). `made` numbers distinct terms (an e-node and its children's numbers), so
+    comparing candidates is cheap, and keeps each one's cost, cycles and size: a node is
+    combined again whenever a child's list changes, mostly from the same child candidates."""
     lists = [best[c] for c in it.kids]
+    scalars = [[c.scalar for c in lst] for lst in lists]
+    sizes = [[c.size for c in lst] for lst in lists]
     out: list[_Cand] = []
     start = (0,) * len(it.kids)
-    heap = [(_estimate(lists, start), start)]
+    heap = [(_estimate(scalars, sizes, start), start)]
     seen = {start}
     while heap and len(out) < width:
         _, idx = heapq.heappop(heap)
         chosen = tuple(lst[i] for lst, i in zip(lists, idx))
-        cost = model.node(it.op, it.args, [c.cost for c in chosen])
-        key = keys.setdefault((it.nid,) + tuple(c.key for c in chosen), len(keys))
-        out.append(_Cand(model.scalar(cost), 1 + sum(c.size for c in chosen), key, it.nid, idx, chosen, cost))
+        term = (it.nid,) + tuple(c.key for c in chosen)
+        entry = made.get(term)
+        if entry is None:
+            cost = model.node(it.op, it.args, [c.cost for c in chosen])
+            entry = made[term] = (len(made), cost, model.scalar(cost), 1 + sum(c.size for c in chosen))
+        key, cost, scalar, size = entry
+        out.append(_Cand(scalar, size, key, it.nid, idx, chosen, cost))
         for j in range(len(idx)):
             nxt = idx[:j] + (idx[j] + 1,) + idx[j + 1:]
             if nxt[j] < len(lists[j]) and nxt not in seen:
                 seen.add(nxt)
-                heapq.heappush(heap, (_estimate(lists, nxt), nxt))
+                heapq.heappush(heap, (_estimate(scalars, sizes, nxt), nxt))
     return out
 
 
@@ -92,11 +100,11 @@ def _cheapest_per_cost(cands: list[_Cand]) -> list[_Cand]:
     return list(out.values())
 
 
-def _estimate(lists: list[list[_Cand]], idx: tuple[int, ...]) -> tuple:
-    """Exploration order of child choices: the sum of their predicted cycles, then sizes, then
-    the index tuple (the cost model is a max over units, so this is an order, not a bound)."""
-    chosen = [lst[i] for lst, i in zip(lists, idx)]
-    return (sum(c.scalar for c in chosen), sum(c.size for c in chosen), idx)
+def _estimate(scalars: list[list[float]], sizes: list[list[int]], idx: tuple[int, ...]) -> tuple:
+    """Exploration order of child choices (idx: a place in each child's list): the sum of their
+    predicted cycles, then sizes, then the index tuple (the cost model is a max over units, so
+    this is an order, not a bound)."""
+    return (sum(s[i] for s, i in zip(scalars, idx)), sum(s[i] for s, i in zip(sizes, idx)), idx)
 
 
 def _term(c: _Cand, view: GraphView) -> Term:
