@@ -33,6 +33,10 @@ class CostModel(Protocol):
     def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
         """How many times each F/E child's cost counts in the e-node's cost."""
 
+    def counted(self, local: tuple[float, ...], m: float) -> tuple[float, ...]:
+        """A `local` cost paid m times (a whole number: a loop's trip count, or 0); m * local
+        unless some of it is paid only on a first run."""
+
     def scalar(self, cost: Any) -> float:
         """Predicted cycles of a cost (INF when the target cannot run it)."""
 

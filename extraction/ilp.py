@@ -1,10 +1,12 @@
 """Extraction by integer linear programming (HiGHS, through highspy): a sub-term the program
 applies twice to the same value is paid once, as code generation compiles it once.
 
-The cost model is linear (an e-node costs its `local` vector plus each F/E child's cost times
-the node's `scales` factor), so a program's cost is a sum over the places its e-nodes are used.
+The cost model is linear (an e-node costs its `local` vector plus each F/E child's cost counted
+the node's `scales` times), so a program's cost is a sum over the places its e-nodes are used.
 A *context* is such a place: (e-class, input key, multiplicity). The multiplicity is the product
-of the scales above (loop trip counts; 0 under Const, computed once at setup). The input key
+of the scales above (loop trip counts; 0 under Const, computed once at setup), and the model's
+`counted(local, multiplicity)` is what the e-node itself costs there (a loop's load waits from
+cold only once, so that is affine, not proportional, in the multiplicity). The input key
 names the value the function is applied to as code generation's `apply(f, v)` sees it: a Fork's
 branches and a composition's first stage see their parent's input; a composition's second stage
 sees the first stage's result, a loop body an element, an App's function its value, each keyed
@@ -17,11 +19,12 @@ than 400,000 contexts for a 64 x 32 Linear), so the ILP keeps only the `depth` l
 a key (2, then 3 and 4 while the program found costs more than the ILP counted: short keys can
 merge uses of a generic combinator on different values). Binary x[node, context] picks at most
 one e-node per context, the root context exactly one, and a picked node needs a pick in each of
-its child contexts. The objective is z ≥ Σ multiplicity × w_u × local_u × x for every cost
+its child contexts. The objective is z ≥ Σ w_u × counted_u × x for every cost
 component u: the model's `scalar` must be a weighted max of the components (checked:
 `scalar(c) = max_u w_u c_u` with w_u = scalar(unit vector u); if `scalar` changes form, this
-objective must too). Valid cuts z ≥ Σ multiplicity × lower bound × x (per context) make the LP
-bound useful. A tiny cost per pick (TIE_BREAK cycles in all) sends ties to smaller programs.
+objective must too). Valid cuts z ≥ Σ multiplicity × lower bound × x (per context; the bound
+prices each use at what one more use costs) make the LP bound useful. A tiny cost per pick
+(TIE_BREAK cycles in all) sends ties to smaller programs.
 
 What the search leaves out, to stay finite and fast, keeps greedy's program feasible: an e-node
 whose child is in its own strongly connected component of e-classes is kept only when that
@@ -133,7 +136,8 @@ def dag_cost(term: Term, model: CostModel) -> tuple[float, ...]:
         local = model.local(t.op, args)
         if INF in local:
             return (INF,) * len(local)
-        total = [m * x for x in local] if total is None else [a + m * x for a, x in zip(total, local)]
+        part = model.counted(local, m)
+        total = list(part) if total is None else [a + x for a, x in zip(total, part)]
         kid_ids = tuple(ids.setdefault(k.sexpr, len(ids)) for k in kids)
         for i, (kid, scale) in enumerate(zip(kids, model.scales(t.op, args, len(kids)))):
             tag = _tag(t.op, i, kid_ids, ident)
@@ -160,6 +164,8 @@ class _Model:
                  greedy: dict[str, tuple], bound: float, depth: int, max_contexts: int):
         self.model, self.view = model, view
         self.local: dict[str, tuple[float, ...]] = {}
+        #: what one more use of an e-node costs (a load's cold start is paid once): a lower bound per use
+        self.repeat: dict[str, tuple[float, ...]] = {}
         self.scales: dict[str, tuple[float, ...]] = {}
         self.by_class: dict[str, list[Computation]] = {}
         for c in computations(graph, view, model):
@@ -167,12 +173,13 @@ class _Model:
             if INF in local or c.eclass in c.kids:
                 continue
             self.local[c.nid] = local
+            self.repeat[c.nid] = tuple(a - b for a, b in zip(model.counted(local, 2.0), model.counted(local, 1.0)))
             self.scales[c.nid] = model.scales(c.op, c.args, len(c.kids))
             self.by_class.setdefault(c.eclass, []).append(c)
         self._keep_order(greedy)
         self.lower, self.free = self._lower_bounds()
         self.bound = bound * (1 + 1e-9)
-        positive = [model.scalar(v) for v in self.local.values() if model.scalar(v) > 0]
+        positive = [model.scalar(v) for v in self.repeat.values() if model.scalar(v) > 0]
         self.cap = self.bound / min(positive) if positive else INF
         self.root: Context = (root, (), 1.0)
         #: (context, e-node, child contexts) for every e-node a context may pick
@@ -207,7 +214,7 @@ class _Model:
                 for c in cs:
                     if any(k not in best for k in c.kids):
                         continue
-                    vec = list(self.local[c.nid])
+                    vec = list(self.repeat[c.nid])
                     parts = [[s * x for x in best[k]] for k, s in zip(c.kids, self.scales[c.nid]) if s]
                     if c.op == "Fork":
                         parts = [[max(xs) for xs in zip(*parts)]]
@@ -302,10 +309,9 @@ class _Model:
         for j, (_, _, kids) in enumerate(opts):
             for k in dict.fromkeys(kids):
                 rows.append((-highspy.kHighsInf, 0.0, [j, *ctx_rows[k]], [1.0] + [-1.0] * len(ctx_rows[k])))
+        counted = {j: self.counted(j) for j, (ctx, _, _) in enumerate(opts) if ctx[2] != INF}
         for ui, w in enumerate(weights):
-            coef = [(j, ctx[2] * w * self.local[c.nid][ui]) for j, (ctx, c, _) in enumerate(opts)
-                    if ctx[2] != INF and self.local[c.nid][ui] != 0]
-            coef = [(j, v) for j, v in coef if v != 0]
+            coef = [(j, w * v[ui]) for j, v in counted.items() if w * v[ui] != 0]
             if coef:
                 rows.append((-highspy.kHighsInf, 0.0, [j for j, _ in coef] + [z], [v for _, v in coef] + [-1.0]))
         h = highspy.Highs()
@@ -349,14 +355,18 @@ class _Model:
             stack += self.options[j][2]
         totals = np.zeros(len(weights))
         for j in np.flatnonzero(val[:-1]):
-            ctx, c, _ = self.options[j]
-            if ctx[2] != INF:
-                totals += ctx[2] * np.array(self.local[c.nid])
+            if self.options[j][0][2] != INF:
+                totals += np.array(self.counted(j))
         val[-1] = max(w * v for w, v in zip(weights, totals))
         sol = highspy.HighsSolution()
         sol.col_value = list(val)
         sol.value_valid = True
         return sol
+
+    def counted(self, j: int) -> tuple[float, ...]:
+        """What option j's e-node itself costs at its context's multiplicity."""
+        ctx, c, _ = self.options[j]
+        return self.model.counted(self.local[c.nid], ctx[2])
 
     def term(self, picked: list[int]) -> Term:
         """The program the picked options spell, from the root (where a context picked more

@@ -3,8 +3,9 @@
 The cost model here predicts cycles from that data alone: every unit (DMA, matrix unit, vector
 unit, instruction issue) accumulates busy cycles, plus the latency no unit can hide (a load's
 wait for its first unit, a store's drain, a reduction's chain); loops multiply their bodies,
-and a program is as slow as its busiest unit (the units run decoupled). The simulator measures
-the real thing.
+except that a load repeated in a loop waits from cold only the first time (its later runs are
+prefetched), and a program is as slow as its busiest unit (the units run decoupled). The
+simulator measures the real thing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, ta, ts
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
+#: a cost's components: each unit's cycles, then `cold`, how many of the op units' cycles are
+#: loads' waits that only a load's first run pays (`CycleCost.counted`)
+COMPONENTS = UNITS + ("cold",)
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
 #: the units that can load an on-chip memory
@@ -118,20 +122,20 @@ class Target:
 
 
 Cost = tuple[float, ...]
-ZERO: Cost = (0.0,) * len(UNITS)
-NEVER: Cost = (INF,) * len(UNITS)
+ZERO: Cost = (0.0,) * len(COMPONENTS)
+NEVER: Cost = (INF,) * len(COMPONENTS)
 
 
 def _exposed(c: Cost, wait: float) -> Cost:
     """c plus cycles every execution unit waits: latency on the critical path adds to the
     busiest unit. Instruction issue does not wait: instructions dispatch one per cycle into the
     units' queues whatever their operands wait for, so issue is a bound on throughput only."""
-    return tuple(x if u == "issue" else x + wait for u, x in zip(UNITS, c))
+    return tuple(x if u in ("issue", "cold") else x + wait for u, x in zip(COMPONENTS, c))
 
 
 def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
     """A cost that keeps one unit busy and issues some instructions."""
-    c = [0.0] * len(UNITS)
+    c = [0.0] * len(COMPONENTS)
     c[UNITS.index("issue")] = issued
     c[UNITS.index(unit)] += busy
     return tuple(c)
@@ -139,9 +143,10 @@ def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
 
 class CycleCost:
     """The target's cycle cost model, one e-node at a time. It is linear: an e-node costs its own
-    `local` cost plus each F/E child's cost times the node's `scales` factor (a loop's trip
-    count; 0 under Const, which is computed once at setup). The greedy extractor folds it over
-    terms with `node`; the ILP extractor uses `local` and `scales` to count shared subterms once."""
+    `local` cost plus each F/E child's cost counted the node's `scales` times (a loop's trip
+    count, with its loads' cold start once; 0 under Const, which is computed once at setup). The
+    greedy extractor folds it over terms with `node`; the ILP extractor uses `local`, `scales`
+    and `counted` to count shared subterms once."""
 
     #: re-indexing is addressing, and padding is done by the host when it lays out inputs
     FREE = ("Id", "Fst", "Snd", "Split", "Join", "Transpose", "Zip", "DistR", "Slice", "Slide", "Pad", "PadWith", "Var", "Fill",
@@ -220,9 +225,17 @@ class CycleCost:
             return NEVER
         total = list(self.local(op, args))
         for k, s in zip(kids, self.scales(op, args, len(kids))):
-            for i, x in enumerate(k):
-                total[i] += s * x
+            for i, x in enumerate(self.counted(k, s)):
+                total[i] += x
         return tuple(total)
+
+    def counted(self, c: Cost, m: float) -> Cost:
+        """A cost paid m times (a whole number), its loads' cold start only once: a load repeated
+        in a loop is prefetched while the previous iteration works, so only its first run waits
+        for its first units to arrive (`wait` with cold=True); later runs wait the steady state."""
+        once = min(m, 1.0)
+        return tuple(m * x - (m - once) * c[-1] if u in OP_UNITS else once * x if u == "cold" else m * x
+                     for u, x in zip(COMPONENTS, c))
 
     def load(self, space: str, t: Term) -> Cost:
         """Moving a value of type t from DRAM into `space`, through the memory it is staged in,
@@ -233,12 +246,13 @@ class CycleCost:
         wait = self.wait(space, t)
         loaded = _exposed(self.transfers(space, t), wait)
         need = self.first_read_units(space, t)
-        if need == 1:
-            return loaded
         # a first read that needs more than the first unit: the loader is moving those units
         # (its busy cycles), the device ops that read them wait
         extra = self.wait(space, t, need) - wait
-        return tuple(x + extra if u in OP_UNITS else x for u, x in zip(UNITS, loaded))
+        # the first run's readers wait longer: for its first units to arrive (`CycleCost.counted`);
+        # the DMA unit does not wait for a load's data, and its own later transfers cover as much
+        cold = self.wait(space, t, need, cold=True) - wait - extra
+        return tuple(x + extra + cold if u in OP_UNITS else x for u, x in zip(UNITS, loaded)) + (cold,)
 
     def transfers(self, space: str, t: Term) -> Cost:
         """The units kept busy moving a value of type t from DRAM into `space`."""
@@ -250,10 +264,11 @@ class CycleCost:
         staged = self.transfers(mem.load_from, t)
         return tuple(a + b for a, b in zip(staged, _unit_cost(mem.loader, busy, units)))
 
-    def wait(self, space: str, t: Term, need: int = 1) -> float:
+    def wait(self, space: str, t: Term, need: int = 1, cold: bool = False) -> float:
         """Latency of a load that its own transfers do not cover: the reader of its first `need`
-        units waits for them and their latency while the later units are still being moved (a
-        staged unit arrives when its whole staging has)."""
+        units waits for them and their latency (a staged unit arrives when its whole staging
+        has). In the steady state of a loop (not `cold`) the load was started early, so its
+        later units' transfers are taken to cover as much of that wait."""
         mem = self.t.memories[space]
         if mem.load_from:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
@@ -264,6 +279,8 @@ class CycleCost:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             first = self.t.dram.latency
         need = min(need, units)
+        if cold:  # a staged load's own transfer of its first unit is its loader's busy time
+            return float(first + (need - bool(mem.load_from)) * busy / units)
         return max(0.0, float(first - (units - 2 * need + 1) * busy / units))
 
     def first_read_units(self, space: str, t: Term) -> int:
@@ -302,4 +319,4 @@ class CycleCost:
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled)."""
-        return max(c)
+        return max(c[:len(UNITS)])

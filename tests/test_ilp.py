@@ -132,6 +132,9 @@ class Relu5:
     def node(self, op, args, kids):
         return tuple(a + sum(s * k[0] for s, k in zip(self.scales(op, args, len(kids)), kids)) for a in self.local(op, args))
 
+    def counted(self, local, m):
+        return tuple(m * x for x in local)
+
     def scalar(self, c):
         return max(c)
 
