@@ -22,8 +22,9 @@ one e-node per context, the root context exactly one, and a picked node needs a 
 its child contexts. The objective is z ≥ Σ w_u × counted_u × x for every cost
 component u: the model's `scalar` must be a weighted max of the components (checked:
 `scalar(c) = max_u w_u c_u` with w_u = scalar(unit vector u); if `scalar` changes form, this
-objective must too). Valid cuts z ≥ Σ multiplicity × lower bound × x (per context; the bound
-prices each use at what one more use costs) make the LP bound useful. A tiny cost per pick
+objective must too). Valid cuts z ≥ Σ lower bound at the context's multiplicity × x (per
+context: a first use's bound plus the multiplicity less one times a further use's) make the LP
+bound useful. A tiny cost per pick
 (TIE_BREAK cycles in all) sends ties to smaller programs.
 
 What the search leaves out, to stay finite and fast, keeps greedy's program feasible: an e-node
@@ -164,7 +165,7 @@ class _Model:
                  greedy: dict[str, tuple], bound: float, depth: int, max_contexts: int):
         self.model, self.view = model, view
         self.local: dict[str, tuple[float, ...]] = {}
-        #: what one more use of an e-node costs (a load's cold start is paid once): a lower bound per use
+        #: what each use of an e-node after the first costs (a load's cold start is paid once)
         self.repeat: dict[str, tuple[float, ...]] = {}
         self.scales: dict[str, tuple[float, ...]] = {}
         self.by_class: dict[str, list[Computation]] = {}
@@ -200,13 +201,15 @@ class _Model:
         for cls, cs in self.by_class.items():
             cs[:] = [c for c in cs if all(scc[k] != scc[cls] or rank(k) < rank(cls) for k in c.kids)]
 
-    def _lower_bounds(self) -> tuple[dict[str, float], set[str]]:
-        """A lower bound of the cycles of any program rooted at each e-node, sharing counted; and
-        the e-classes that have a program of no cost. Per component: a composition's stages see
-        different inputs and add up, a Fork's branches may share (the larger counts), a loop
-        scales its body; an e-class takes the least of its e-nodes in each component."""
-        best: dict[str, tuple[float, ...]] = {}
-        low: dict[str, float] = {}
+    def _lower_bounds(self) -> tuple[dict[str, tuple[tuple[float, ...], tuple[float, ...]]], set[str]]:
+        """Lower bounds of the cost vector of any program rooted at each e-node, sharing counted:
+        of its first use and of each use after it (a use at multiplicity m >= 1 costs at least the
+        first plus m - 1 times the other; see `_low`); and the e-classes that have a program of
+        no cost. Per component: a composition's stages see different inputs and add up, a Fork's
+        branches may share (the larger counts), a loop scales its body; an e-class takes the
+        least of its e-nodes in each component."""
+        best: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        low: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
         changed = True
         while changed:
             changed = False
@@ -214,27 +217,35 @@ class _Model:
                 for c in cs:
                     if any(k not in best for k in c.kids):
                         continue
-                    vec = list(self.repeat[c.nid])
-                    parts = [[s * x for x in best[k]] for k, s in zip(c.kids, self.scales[c.nid]) if s]
-                    if c.op == "Fork":
-                        parts = [[max(xs) for xs in zip(*parts)]]
-                    for part in parts:
-                        vec = [a + b for a, b in zip(vec, part)]
-                    low[c.nid] = self.model.scalar(tuple(vec))
+                    first, again = list(self.local[c.nid]), list(self.repeat[c.nid])
+                    used = [(best[k], s) for k, s in zip(c.kids, self.scales[c.nid]) if s]
+                    parts = [([f + (s - 1) * r for f, r in zip(*kid)], [s * r for r in kid[1]]) for kid, s in used]
+                    if c.op == "Fork" and parts:
+                        parts = [tuple([max(xs) for xs in zip(*side)] for side in zip(*parts))]
+                    for pf, pr in parts:
+                        first = [a + b for a, b in zip(first, pf)]
+                        again = [a + b for a, b in zip(again, pr)]
+                    low[c.nid] = (tuple(first), tuple(again))
                     old = best.get(cls)
-                    new = tuple(vec) if old is None else tuple(min(a, b) for a, b in zip(old, vec))
+                    new = low[c.nid] if old is None else tuple(
+                        tuple(min(a, b) for a, b in zip(o, n)) for o, n in zip(old, low[c.nid]))
                     if new != old:
                         best[cls] = new
                         changed = True
-        return low, {cls for cls, v in best.items() if self.model.scalar(v) == 0}
+        return low, {cls for cls, (f, r) in best.items() if self.model.scalar(f) == 0 and self.model.scalar(r) == 0}
+
+    def _low(self, nid: str, m: float) -> float:
+        """A lower bound of the cycles of e-node nid's programs used at multiplicity m."""
+        first, again = self.lower[nid]
+        if m == 0:
+            return 0.0
+        if m == INF:
+            return 0.0 if self.model.scalar(first) == 0 and self.model.scalar(again) == 0 else INF
+        return self.model.scalar(tuple(f + (m - 1) * r for f, r in zip(first, again)))
 
     def _usable(self, c: Computation, m: float) -> bool:
         """Whether e-node c can be part of a program no dearer than the bound at multiplicity m."""
-        if c.nid not in self.lower:
-            return False
-        if m == INF:
-            return self.lower[c.nid] == 0
-        return m * self.lower[c.nid] <= self.bound
+        return c.nid in self.lower and self._low(c.nid, m) <= self.bound
 
     def _enumerate(self, depth: int, max_contexts: int) -> bool:
         """Breadth-first from the root; False when there are more than max_contexts contexts."""
@@ -303,7 +314,7 @@ class _Model:
         rows: list[tuple[float, float, list[int], list[float]]] = []
         for ctx, js in ctx_rows.items():
             rows.append((1.0 if ctx == self.root else -highspy.kHighsInf, 1.0, js, [1.0] * len(js)))
-            bounds = [(j, ctx[2] * self.lower[opts[j][1].nid]) for j in js if ctx[2] not in (0, INF)]
+            bounds = [(j, self._low(opts[j][1].nid, ctx[2])) for j in js if ctx[2] not in (0, INF)]
             if any(v for _, v in bounds):  # whatever it picks here, the program costs at least that
                 rows.append((-highspy.kHighsInf, 0.0, [j for j, _ in bounds] + [z], [v for _, v in bounds] + [-1.0]))
         for j, (_, _, kids) in enumerate(opts):
