@@ -19,12 +19,11 @@ than 400,000 contexts for a 64 x 32 Linear), so the ILP keeps only the `depth` l
 a key (2, then 3 and 4 while the program found costs more than the ILP counted: short keys can
 merge uses of a generic combinator on different values). Binary x[node, context] picks at most
 one e-node per context, the root context exactly one, and a picked node needs a pick in each of
-its child contexts. The objective is z ≥ Σ w_u × counted_u × x for every cost
-component u: the model's `scalar` must be a weighted max of the components (checked:
-`scalar(c) = max_u w_u c_u` with w_u = scalar(unit vector u); if `scalar` changes form, this
-objective must too). Valid cuts z ≥ Σ lower bound at the context's multiplicity × x (per
-context: a first use's bound plus the multiplicity less one times a further use's) make the LP
-bound useful. A tiny cost per pick
+its child contexts. The objective is z ≥ Σ w_u × counted_u × x for every cost component u: the
+model's `scalar` must be a weighted max of the components (checked: `scalar(c) = max_u w_u c_u`
+with w_u = scalar(unit vector u); if `scalar` changes form, this objective must too). Valid cuts
+z ≥ Σ lower bound at the context's multiplicity × x (per context: a first use's bound plus the
+multiplicity less one times a further use's) make the LP bound useful. A tiny cost per pick
 (TIE_BREAK cycles in all) sends ties to smaller programs.
 
 What the search leaves out, to stay finite and fast, keeps greedy's program feasible: an e-node
