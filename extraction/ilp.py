@@ -41,6 +41,7 @@ the program's full-key cost is within a cycle of the ILP's proven bound.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ import numpy as np
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.saturate import SaturatedGraph
 from extraction.greedy import (Computation, CostModel, Extracted, ExtractionError, GraphView, build_term,
-                               computations, greedy_choice)
+                               computations, fixpoint, greedy_choice)
 
 INF = math.inf
 #: contexts beyond which no ILP is built (the greedy program is returned, and the status says why)
@@ -77,11 +78,12 @@ class IlpExtracted(Extracted):
     """The ILP's program, its cost (`dag_cost`: shared sub-terms paid once) and cycles, and how
     the search went."""
 
-    #: "optimal"; "time limit" (the best program found when HiGHS was stopped); "bound gap (...)":
+    #: "optimal"; "time limit" (the best program found when HiGHS, or building its model, was
+    #: stopped by the limit, which covers both); "bound gap (...)":
     #: even the longest input keys merged uses the program keeps apart; "context limit (...)": the
     #: model was too large to build (the best program so far, at first greedy's)
     status: str
-    #: (cycles - the lower bound the ILP proved) / cycles; 0 when optimal
+    #: (cycles - the lower bound the ILP proved) / cycles; 0 when optimal, 1 when no ILP was solved
     gap: float
     #: wall-clock seconds, greedy extraction and every ILP attempt included
     seconds: float
@@ -161,7 +163,7 @@ class _Model:
     """The contexts reachable from the root, the e-nodes each may pick, and the ILP over them."""
 
     def __init__(self, graph: SaturatedGraph, root: str, model: CostModel, view: GraphView,
-                 greedy: dict[str, tuple], bound: float, depth: int, max_contexts: int):
+                 greedy: dict[str, tuple], bound: float, depth: int, max_contexts: int, deadline: float):
         self.model, self.view = model, view
         self.local: dict[str, tuple[float, ...]] = {}
         #: what each use of an e-node after the first costs (a load's cold start is paid once)
@@ -184,7 +186,8 @@ class _Model:
         self.root: Context = (root, (), 1.0)
         #: (context, e-node, child contexts) for every e-node a context may pick
         self.options: list[tuple[Context, Computation, tuple[Context, ...]]] = []
-        self.overflow = not self._enumerate(depth, max_contexts)
+        #: why the contexts were not all enumerated ("" when they were)
+        self.stopped = self._enumerate(depth, max_contexts, deadline)
 
     def _keep_order(self, greedy: dict[str, tuple]) -> None:
         """Keep only the e-nodes whose children inside their own strongly connected component of
@@ -209,28 +212,26 @@ class _Model:
         least of its e-nodes in each component."""
         best: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
         low: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
-        changed = True
-        while changed:
-            changed = False
-            for cls, cs in self.by_class.items():
-                for c in cs:
-                    if any(k not in best for k in c.kids):
-                        continue
-                    first, again = list(self.local[c.nid]), list(self.repeat[c.nid])
-                    used = [(best[k], s) for k, s in zip(c.kids, self.scales[c.nid]) if s]
-                    parts = [([f + (s - 1) * r for f, r in zip(*kid)], [s * r for r in kid[1]]) for kid, s in used]
-                    if c.op == "Fork" and parts:
-                        parts = [tuple([max(xs) for xs in zip(*side)] for side in zip(*parts))]
-                    for pf, pr in parts:
-                        first = [a + b for a, b in zip(first, pf)]
-                        again = [a + b for a, b in zip(again, pr)]
-                    low[c.nid] = (tuple(first), tuple(again))
-                    old = best.get(cls)
-                    new = low[c.nid] if old is None else tuple(
-                        tuple(min(a, b) for a, b in zip(o, n)) for o, n in zip(old, low[c.nid]))
-                    if new != old:
-                        best[cls] = new
-                        changed = True
+
+        def improve(c: Computation) -> bool:
+            if any(k not in best for k in c.kids):
+                return False
+            first, again = self.local[c.nid], self.repeat[c.nid]
+            parts = [(tuple(f + (s - 1) * r for f, r in zip(*best[k])), tuple(s * r for r in best[k][1]))
+                     for k, s in zip(c.kids, self.scales[c.nid]) if s]
+            if c.op == "Fork" and parts:
+                parts = [tuple(tuple(map(max, *side)) for side in zip(*parts))]
+            for pf, pr in parts:
+                first, again = tuple(map(operator.add, first, pf)), tuple(map(operator.add, again, pr))
+            low[c.nid] = (first, again)
+            old = best.get(c.eclass)
+            new = low[c.nid] if old is None else (tuple(map(min, old[0], first)), tuple(map(min, old[1], again)))
+            if new == old:
+                return False
+            best[c.eclass] = new
+            return True
+
+        fixpoint([c for cs in self.by_class.values() for c in cs], improve)
         return low, {cls for cls, (f, r) in best.items() if self.model.scalar(f) == 0 and self.model.scalar(r) == 0}
 
     def _low(self, nid: str, m: float) -> float:
@@ -246,8 +247,9 @@ class _Model:
         """Whether e-node c can be part of a program no dearer than the bound at multiplicity m."""
         return c.nid in self.lower and self._low(c.nid, m) <= self.bound
 
-    def _enumerate(self, depth: int, max_contexts: int) -> bool:
-        """Breadth-first from the root; False when there are more than max_contexts contexts."""
+    def _enumerate(self, depth: int, max_contexts: int, deadline: float) -> str:
+        """Breadth-first from the root; why it stopped early: more than max_contexts contexts, or
+        the deadline (a `time.perf_counter()` time) passed ("" when it did not)."""
         seen = {self.root}
         queue = deque([self.root])
         while queue:
@@ -267,8 +269,10 @@ class _Model:
                         queue.append(kids[-1])
                 self.options.append((ctx, c, tuple(kids)))
             if len(seen) > max_contexts:
-                return False
-        return True
+                return f"context limit (more than {max_contexts} contexts with input keys of depth {depth})"
+            if time.perf_counter() > deadline:
+                return "time limit"
+        return ""
 
     def prune(self) -> set[Context]:
         """Drop options with a child context that can pick nothing, to a fixpoint, and those not
@@ -294,10 +298,11 @@ class _Model:
         return reach
 
     def solve(self, weights: tuple[float, ...], start: dict[str, tuple],
-              time_limit: float) -> tuple[list[int], bool, float]:
-        """Build and run the ILP, warm-started from the choice `start` (e-class -> greedy's entry):
-        the options picked (none when HiGHS found no program in time), whether HiGHS proved its
-        optimum, and the lower bound it proved for the cycles."""
+              deadline: float) -> tuple[list[int], bool, float]:
+        """Build and run the ILP, warm-started from the choice `start` (e-class -> greedy's entry),
+        HiGHS stopping at `deadline` (a `time.perf_counter()` time: building the ILP counts
+        against the time limit too): the options picked (none when HiGHS found no program in
+        time), whether HiGHS proved its optimum, and the lower bound it proved for the cycles."""
         opts = self.options
         ctx_rows: dict[Context, list[int]] = {}
         for j, (ctx, _, _) in enumerate(opts):
@@ -325,7 +330,7 @@ class _Model:
             if coef:
                 rows.append((-highspy.kHighsInf, 0.0, [j for j, _ in coef] + [z], [v for _, v in coef] + [-1.0]))
         h = highspy.Highs()
-        for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("time_limit", time_limit),
+        for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
                             ("mip_rel_gap", REL_GAP), ("mip_abs_gap", ABS_GAP)):
             h.setOptionValue(name, value)
         lp = highspy.HighsLp()
@@ -340,6 +345,7 @@ class _Model:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * nx_ + [highspy.HighsVarType.kContinuous]
         h.passModel(lp)
         h.setSolution(self._start(start, weights, ctx_rows))
+        h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.0))
         h.run()
         status, info = h.getModelStatus(), h.getInfo()
         if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
@@ -409,12 +415,12 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
     weights = unit_weights(model, len(greedy_dag))
     term, cost, status, gap, contexts = greedy.term, greedy_dag, "", 0.0, 0
     for depth in KEY_DEPTHS:
-        ilp = _Model(graph, root, model, view, best, model.scalar(greedy_dag), depth, max_contexts)
-        if ilp.overflow:
-            status = f"context limit (more than {max_contexts} contexts with input keys of depth {depth})"
+        ilp = _Model(graph, root, model, view, best, model.scalar(greedy_dag), depth, max_contexts, t0 + time_limit)
+        if ilp.stopped:  # the bound of an earlier attempt holds; before any, only 0 is proven
+            status, gap = ilp.stopped, gap if status else 1.0
             break
         contexts = len(ilp.prune())
-        picked, proved, bound = ilp.solve(weights, best, max(time_limit - (time.perf_counter() - t0), 0.0))
+        picked, proved, bound = ilp.solve(weights, best, t0 + time_limit)
         found = ilp.term(picked) if picked else greedy.term
         found_cost = dag_cost(found, model)
         if model.scalar(found_cost) < model.scalar(cost):

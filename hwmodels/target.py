@@ -11,6 +11,7 @@ simulator measures the real thing.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -223,16 +224,17 @@ class CycleCost:
         """local + sum of scaled children; NEVER when the node or any child cannot run."""
         if any(self.scalar(k) == INF for k in kids):
             return NEVER
-        total = list(self.local(op, args))
+        total = self.local(op, args)
         for k, s in zip(kids, self.scales(op, args, len(kids))):
-            for i, x in enumerate(self.counted(k, s)):
-                total[i] += x
-        return tuple(total)
+            total = tuple(map(operator.add, total, self.counted(k, s)))
+        return total
 
     def counted(self, c: Cost, m: float) -> Cost:
         """A cost paid m times (a whole number), its loads' cold start only once: a load repeated
         in a loop is prefetched while the previous iteration works, so only its first run waits
         for its first units to arrive (`wait` with cold=True); later runs wait the steady state."""
+        if m == 1:
+            return c
         once = min(m, 1.0)
         return tuple(m * x - (m - once) * c[-1] if u in OP_UNITS else once * x if u == "cold" else m * x
                      for u, x in zip(COMPONENTS, c))
