@@ -435,6 +435,24 @@ def _movement() -> list[Rule]:
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Comp", T("ToOutput", T("TA", vec(n), m)), T("Map", T("VVRelu", vec(n)), m))
 
+    def ex_fold_state(rng):
+        n, steps = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n))
+        fold = T("Fold", T("Comp", T("VVTanh", vec(n)), T("VVAdd", p)), tp(vec(n), T("TA", vec(n), steps)))
+        return T("Comp", T("ToOutput", vec(n)), fold)
+
+    def ex_spill_map(rng):
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Comp", T("ToDram", T("TA", vec(n), m)), T("Map", T("VVRelu", vec(n)), m))
+
+    def ex_spill_fork(rng):
+        n = pick(rng, 1, 4)
+        return T("Comp", T("ToDram", tp(vec(n), vec(n))), T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))))
+
+    def ex_spill_twice(rng):
+        n = pick(rng, 1, 4)
+        return comp(T("ToDram", vec(n)), T("ToDram", vec(n)), T("VVRelu", vec(n)))
+
     return [
         Rule("tooutput-through-view", a, (
             rewrite("(Comp (ToOutput t) v)", "(Comp v (ToOutput u))", a, ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
@@ -445,6 +463,20 @@ def _movement() -> list[Rule]:
         Rule("tooutput-into-map", a, chain_rewrites(["(ToOutput (TA t n))", "(Map f n)"], ["(Map (Comp (ToOutput t) f) n)"], a),
              "none", "storing a loop's results = storing each result in its iteration (only one result is on chip "
              "at a time)", ex_store_map),
+        Rule("fold-state-in-dram", a, tuple(
+            rewrite(f"(Comp ({store} s) (Fold g (TP s xs)))", f"(Comp ({store} s) (Fold (Comp (ToDram s) g) (TP s xs)))", a)
+            for store in ("ToOutput", "ToDram")),
+             "the recurrence's result is stored", "a recurrence whose result goes to DRAM may keep its state there: "
+             "each step stores the state it returns, and the next reads it from there (for a state too large to "
+             "stay on chip)", ex_fold_state),
+        Rule("todram-into-map", a, chain_rewrites(["(ToDram (TA t n))", "(Map f n)"], ["(Map (Comp (ToDram t) f) n)"], a),
+             "none", "storing a loop's results = storing each result in its iteration", ex_spill_map),
+        Rule("todram-into-fork", a, chain_rewrites(["(ToDram (TP a b))", "(Fork g h)"],
+                                                   ["(Fork (Comp (ToDram a) g) (Comp (ToDram b) h))"], a),
+             "none", "storing a pair = storing each part", ex_spill_fork),
+        Rule("todram-idempotent", a, (rewrite("(Comp (ToDram t) (Comp (ToDram t) g))", "(Comp (ToDram t) g)", a,
+                                              subsume=True),),
+             "none", "storing twice is storing once (keeps fold-state-in-dram from stacking stores)", ex_spill_twice),
         Rule("tochip-elide", a, (rewrite("(Comp (ToChip sp t) g)", "g", a, ["(inspace g sp)"], subsume=True),),
              "the value is already in that memory", "ToChip . g = g when g's output already sits in that memory",
              ex_elide),

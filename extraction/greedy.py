@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from egraph_rules.ir import SCHEMA, Term, primitive_value
+from egraph_rules.ir import SCHEMA, Term, primitive_value, tp
 from egraph_rules.saturate import SaturatedGraph
 
 INF = math.inf
@@ -111,7 +111,9 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
     """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic),
     except those of e-classes whose value would overflow the on-chip memory it is left in (an
     intermediate result codegen could not lay out, which no other cost sees), and constants
-    pinned on chip that the model does not let stay there (too large, or `unpinned`)."""
+    pinned on chip that the model does not let stay there (too large, or `unpinned`), and Folds
+    whose step leaves its state on chip where the two state buffers codegen alternates between
+    would overflow (the Fold that keeps its state in DRAM is another e-node)."""
     fits = getattr(model, "fits", None)
     pins = getattr(model, "fits_pinned", None)
     unpinned = getattr(model, "unpinned", frozenset())
@@ -127,6 +129,9 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
                 overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
             if overflow[cls]:
                 continue
+        if node["op"] == "Fold" and fits is not None and not all(
+                fits(space, tp(t, t)) for space, t in view.placed(view.kids(nid)[0])):
+            continue
         if node["op"] == "Const" and (placed := view.placed(cls)) and (
                 cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
             continue

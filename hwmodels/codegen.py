@@ -137,6 +137,11 @@ def _core(f: Term) -> tuple[list[Term], Term, Term | None]:
     return stages[:k], stages[k], comp(*rest) if rest else None
 
 
+def _holds_pairs(t: Term) -> bool:
+    """Whether a type has a pair inside."""
+    return t.op == "TP" or (t.op == "TA" and _holds_pairs(t.args[0]))
+
+
 def _index_store(store: object, i: Affine) -> object:
     """Element i of a storage (a buffer, or a pair of storages)."""
     if isinstance(store, PairV):
@@ -556,7 +561,7 @@ class Codegen:
         store moves into the loop (as the rule tooutput-into-map does), so each iteration's
         result is written to DRAM as soon as it is computed and on-chip memory holds one."""
         body, n = m.args
-        return self.map(T("Comp", T("ToOutput", fout(body)), body), n, v, None)
+        return self.apply(T("Map", T("Comp", T("ToOutput", fout(body)), body), n), v)
 
     def reduce(self, op: Term, n: int, v: object, dest: Buf | None) -> object:
         if n == 1:
@@ -589,7 +594,16 @@ class Codegen:
         space = self.result_space(head)
         if space is None:
             raise CodegenError(f"cannot tell where the results of {head.op} live")
-        return self.allocate(space, (*lead, *shape_of(fout(head))))
+        return self.typed_storage(space, fout(head), lead)
+
+    def typed_storage(self, space: str, t: Term, lead: tuple[int, ...]) -> object:
+        """Fresh buffers in space for a value of type t: an array of pairs (a batch of LSTM states
+        (h, c) stored whole) as a pair of arrays, a buffer per part."""
+        if t.op == "TP":
+            return PairV(*(self.typed_storage(space, part, lead) for part in t.args))
+        if t.op == "TA" and _holds_pairs(t):
+            return self.typed_storage(space, t.args[0], (*lead, t.args[1]))
+        return self.allocate(space, (*lead, *shape_of(t)))
 
     def viewed(self, f: Term, store: object, depth: int) -> object:
         """The value of f's result whose core is held in store (re-indexed at dimension depth)."""
@@ -600,6 +614,8 @@ class Codegen:
             out = PairV(self.viewed(head.args[0], store.a, depth), self.viewed(head.args[1], store.b, depth))
         elif head.op == "Map":
             out = _as_array(self.viewed(head.args[0], store, depth + 1), head.args[1])
+        elif fout(head).op == "TA" and _holds_pairs(fout(head)):  # an array of pairs, stored as `typed_storage` lays out
+            out = _as_array(store, fout(head).args[1])
         else:
             out = store
         for view in reversed(views):
@@ -759,13 +775,16 @@ class Codegen:
     def to_dram(self, v: object, dest: Buf | None = None) -> Buf:
         """Write a value to DRAM: into dest (an element of a loop's DRAM result, rows with room
         for whole native vectors) or a fresh buffer (a pair of equal shapes as its two rows);
-        rows are padded to whole native vectors and the returned view drops the padding."""
+        rows are padded to whole native vectors and the returned view drops the padding; a pair
+        with a pair of destinations, part by part."""
+        if isinstance(v, PairV) and isinstance(dest, PairV):
+            return PairV(self.to_dram(v.a, dest.a), self.to_dram(v.b, dest.b))
         if isinstance(v, PairV):
             parts = (v.a, v.b)
             if not all(isinstance(p, Buf) for p in parts) or v.a.shape != v.b.shape:
                 raise CodegenError("only a pair of equally shaped arrays can be written out")
         elif isinstance(v, ArrP) and v.ia and v.ib:
-            return self.to_dram(PairV(v.a, v.b))
+            return self.to_dram(PairV(v.a, v.b), dest)
         elif isinstance(v, Buf):
             if v.space == "dram":
                 return v
