@@ -449,10 +449,6 @@ def _movement() -> list[Rule]:
         n = pick(rng, 1, 4)
         return T("Comp", T("ToDram", tp(vec(n), vec(n))), T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))))
 
-    def ex_spill_twice(rng):
-        n = pick(rng, 1, 4)
-        return comp(T("ToDram", vec(n)), T("ToDram", vec(n)), T("VVRelu", vec(n)))
-
     return [
         Rule("tooutput-through-view", a, (
             rewrite("(Comp (ToOutput t) v)", "(Comp v (ToOutput u))", a, ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
@@ -463,20 +459,16 @@ def _movement() -> list[Rule]:
         Rule("tooutput-into-map", a, chain_rewrites(["(ToOutput (TA t n))", "(Map f n)"], ["(Map (Comp (ToOutput t) f) n)"], a),
              "none", "storing a loop's results = storing each result in its iteration (only one result is on chip "
              "at a time)", ex_store_map),
-        Rule("fold-state-in-dram", a, tuple(
-            rewrite(f"(Comp ({store} s) (Fold g (TP s xs)))", f"(Comp ({store} s) (Fold (Comp (ToDram s) g) (TP s xs)))", a)
-            for store in ("ToOutput", "ToDram")),
-             "the recurrence's result is stored", "a recurrence whose result goes to DRAM may keep its state there: "
-             "each step stores the state it returns, and the next reads it from there (for a state too large to "
-             "stay on chip)", ex_fold_state),
+        Rule("fold-state-in-dram", a, chain_rewrites(["(ToOutput s)", "(Fold g (TP s xs))"],
+                                                     ["(Fold (Comp (ToDram s) g) (TP s xs))"], a),
+             "none", "a recurrence whose result is stored may keep its state in DRAM: each step stores the state "
+             "it returns, the next reads it from there, and the last one's is the result (for a state too large "
+             "to stay on chip)", ex_fold_state),
         Rule("todram-into-map", a, chain_rewrites(["(ToDram (TA t n))", "(Map f n)"], ["(Map (Comp (ToDram t) f) n)"], a),
              "none", "storing a loop's results = storing each result in its iteration", ex_spill_map),
         Rule("todram-into-fork", a, chain_rewrites(["(ToDram (TP a b))", "(Fork g h)"],
                                                    ["(Fork (Comp (ToDram a) g) (Comp (ToDram b) h))"], a),
              "none", "storing a pair = storing each part", ex_spill_fork),
-        Rule("todram-idempotent", a, (rewrite("(Comp (ToDram t) (Comp (ToDram t) g))", "(Comp (ToDram t) g)", a,
-                                              subsume=True),),
-             "none", "storing twice is storing once (keeps fold-state-in-dram from stacking stores)", ex_spill_twice),
         Rule("tochip-elide", a, (rewrite("(Comp (ToChip sp t) g)", "g", a, ["(inspace g sp)"], subsume=True),),
              "the value is already in that memory", "ToChip . g = g when g's output already sits in that memory",
              ex_elide),

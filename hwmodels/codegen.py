@@ -137,6 +137,20 @@ def _core(f: Term) -> tuple[list[Term], Term, Term | None]:
     return stages[:k], stages[k], comp(*rest) if rest else None
 
 
+def _stacked(v: object) -> object:
+    """A pair (or array of pairs) held in two equally laid out DRAM buffers, as one buffer whose
+    first dimension picks the part (the result of a recurrence that keeps its (h, c) state in
+    DRAM); anything else unchanged."""
+    if isinstance(v, ArrP) and v.ia and v.ib:
+        v = PairV(v.a, v.b)
+    if not (isinstance(v, PairV) and isinstance(v.a, Buf) and isinstance(v.b, Buf)):
+        return v
+    a, b = v.a, v.b
+    if a.space != "dram" or b.space != "dram" or (a.shape, a.strides, a.addr.terms) != (b.shape, b.strides, b.addr.terms):
+        return v
+    return Buf("dram", a.addr, (2, *a.shape), (b.addr.base - a.addr.base, *a.strides))
+
+
 def _holds_pairs(t: Term) -> bool:
     """Whether a type has a pair inside."""
     return t.op == "TP" or (t.op == "TA" and _holds_pairs(t.args[0]))
@@ -839,7 +853,7 @@ def generate(term: Term, target: Target) -> Program:
 
 
 def _generate(term: Term, cg: Codegen) -> Program:
-    out = cg.apply(term.args[0], cg.data(term.args[1]))
+    out = _stacked(cg.apply(term.args[0], cg.data(term.args[1])))
     if not isinstance(out, Buf) or out.space != "dram":
         raise CodegenError("the program does not end with its result in DRAM (ToOutput)")
     sizes = {s: max(n, 1) for s, n in cg.alloc.items()}
