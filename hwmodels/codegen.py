@@ -570,10 +570,11 @@ class Codegen:
         self.alloc, self.data_cache, self.shared = dict(alloc), dict(cache), dict(shared)
         del self.host[hosts:], self.setup[setups:], self.block[instrs:], self.buffers[buffers:]
 
-    def stream_out(self, m: Term, v: object) -> Buf:
+    def stream_out(self, m: Term, v: object) -> object:
         """ToOutput of a Map whose program does not fit on chip with all its results there: the
         store moves into the loop (as the rule tooutput-into-map does), so each iteration's
-        result is written to DRAM as soon as it is computed and on-chip memory holds one."""
+        result is written to DRAM as soon as it is computed and on-chip memory holds one (a
+        result pair: a buffer per part)."""
         body, n = m.args
         return self.apply(T("Map", T("Comp", T("ToOutput", fout(body)), body), n), v)
 
@@ -651,9 +652,10 @@ class Codegen:
         return self.viewed(f, store, 0)
 
     def fold(self, step: Term, n: int, v: object, dest: Buf | None) -> object:
-        """A loop carrying a state on chip: the first step reads the initial state, then the
-        steps alternate between two state buffers (two steps per loop iteration), so no step
-        overwrites the state it reads; a last step runs after the loop when n - 1 is odd."""
+        """A loop carrying a state (on chip, or in DRAM when the step ends storing it): the first
+        step reads the initial state, then the steps alternate between two state buffers (two
+        steps per loop iteration), so no step overwrites the state it reads; a last step runs
+        after the loop when n - 1 is odd."""
         if dest is not None:
             raise CodegenError("a Fold cannot write into a given destination")
         if not isinstance(v, PairV):

@@ -4,6 +4,8 @@ the program, the independent reference, and one-line errors for bad input."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,8 @@ from hwmodels.isa import Instr, Loop
 from liftsat.api import compile_term, optimize
 from liftsat.cli import main
 from liftsat.targets import get_target
+
+VECMAT = str(Path(__file__).resolve().with_name("targets") / "vecmat.toml")
 
 
 def model(layers: list[str], shape: tuple[int, ...], values: bool = True):
@@ -113,6 +117,30 @@ def test_the_state_is_double_buffered():
     state_reads = [ins.srcs[1].addr for ins in flat if ins.mnemonic == "mv_mul" and ins.srcs[1].addr in writes]
     assert state_reads == [writes[1], writes[0]]
     assert r.max_rel_error < 1e-4
+
+
+def _walk(block):
+    for ins in block:
+        if isinstance(ins, Loop):
+            yield ins
+            yield from _walk(ins.body)
+        else:
+            yield ins
+
+
+@pytest.mark.parametrize("layer, shape, target, store", [
+    ("RNN(16, 16)", (5, 32, 16), VECMAT, "sta"),      # a 2 KiB state, a 4 KiB activation buffer
+    ("LSTM(32, 32)", (5, 300, 32), "systolic", "mvout"),  # (h, c) of 300 rows: 75 KiB, a 64 KiB accumulator
+])
+def test_a_state_too_large_for_the_chip_is_kept_in_dram(layer, shape, target, store):
+    """When the state, in the two buffers the steps alternate between, does not fit on chip, each
+    step stores the state it returns to DRAM and the next loads it back (fold-state-in-dram); the
+    last step's store is the result (for an LSTM, h and c stacked), which matches the reference."""
+    r = optimize([layer], shape, target)
+    assert "ToDram" in {t.op for t in r.term.walk()}
+    time_loop = next(ins for ins in r.program.body if isinstance(ins, Loop) and ins.count == 2)  # 2 steps a trip
+    assert sum(isinstance(i, Instr) and i.mnemonic == store for i in _walk(time_loop.body)) >= 2
+    assert r.output.shape == r.reference.shape and r.max_rel_error < 1e-4
 
 
 def test_one_and_two_time_steps():
