@@ -146,7 +146,7 @@ def _stacked(v: object) -> object:
     if not (isinstance(v, PairV) and isinstance(v.a, Buf) and isinstance(v.b, Buf)):
         return v
     a, b = v.a, v.b
-    if a.space != "dram" or b.space != "dram" or (a.shape, a.strides, a.addr.terms) != (b.shape, b.strides, b.addr.terms):
+    if {a.space, b.space} != {"dram"} or (a.shape, a.strides, a.addr.terms) != (b.shape, b.strides, b.addr.terms):
         return v
     return Buf("dram", a.addr, (2, *a.shape), (b.addr.base - a.addr.base, *a.strides))
 
@@ -629,7 +629,7 @@ class Codegen:
             out = PairV(self.viewed(head.args[0], store.a, depth), self.viewed(head.args[1], store.b, depth))
         elif head.op == "Map":
             out = _as_array(self.viewed(head.args[0], store, depth + 1), head.args[1])
-        elif fout(head).op == "TA" and _holds_pairs(fout(head)):  # an array of pairs, stored as `typed_storage` lays out
+        elif fout(head).op == "TA" and _holds_pairs(fout(head)):  # an array of pairs (`typed_storage`)
             out = _as_array(store, fout(head).args[1])
         else:
             out = store
@@ -788,7 +788,7 @@ class Codegen:
         back = self.to_chip(v.space, replace(staged, shape=(flat,)), None)
         return replace(_dense(back.space, 0, v.shape), addr=back.addr)
 
-    def to_dram(self, v: object, dest: Buf | None = None) -> Buf:
+    def to_dram(self, v: object, dest: object = None) -> object:
         """Write a value to DRAM: into dest (an element of a loop's DRAM result, rows with room
         for whole native vectors) or a fresh buffer (a pair of equal shapes as its two rows);
         rows are padded to whole native vectors and the returned view drops the padding; a pair
