@@ -160,10 +160,12 @@ def unit_weights(model: CostModel, n: int) -> tuple[float, ...]:
 
 
 class _Model:
-    """The contexts reachable from the root, the e-nodes each may pick, and the ILP over them."""
+    """The e-nodes a program may pick with their costs and lower bounds (built once), the
+    contexts reachable from the root at an input key depth and the e-nodes each may pick
+    (`enumerate_contexts`, once per depth tried), and the ILP over them."""
 
     def __init__(self, graph: SaturatedGraph, root: str, model: CostModel, view: GraphView,
-                 greedy: dict[str, tuple], bound: float, depth: int, max_contexts: int, deadline: float):
+                 greedy: dict[str, tuple], bound: float):
         self.model, self.view = model, view
         self.local: dict[str, tuple[float, ...]] = {}
         #: what each use of an e-node after the first costs (a load's cold start is paid once)
@@ -184,10 +186,8 @@ class _Model:
         positive = [model.scalar(v) for v in self.repeat.values() if model.scalar(v) > 0]
         self.cap = self.bound / min(positive) if positive else INF
         self.root: Context = (root, (), 1.0)
-        #: (context, e-node, child contexts) for every e-node a context may pick
+        #: (context, e-node, child contexts) for every e-node a context may pick (`enumerate_contexts`)
         self.options: list[tuple[Context, Computation, tuple[Context, ...]]] = []
-        #: why the contexts were not all enumerated ("" when they were)
-        self.stopped = self._enumerate(depth, max_contexts, deadline)
 
     def _keep_order(self, greedy: dict[str, tuple]) -> None:
         """Keep only the e-nodes whose children inside their own strongly connected component of
@@ -247,9 +247,11 @@ class _Model:
         """Whether e-node c can be part of a program no dearer than the bound at multiplicity m."""
         return c.nid in self.lower and self._low(c.nid, m) <= self.bound
 
-    def _enumerate(self, depth: int, max_contexts: int, deadline: float) -> str:
-        """Breadth-first from the root; why it stopped early: more than max_contexts contexts, or
-        the deadline (a `time.perf_counter()` time) passed ("" when it did not)."""
+    def enumerate_contexts(self, depth: int, max_contexts: int, deadline: float) -> str:
+        """The options with input keys of `depth`, breadth-first from the root; why it stopped
+        early: more than max_contexts contexts, or the deadline (a `time.perf_counter()` time)
+        passed ("" when it did not)."""
+        self.options = []
         seen = {self.root}
         queue = deque([self.root])
         while queue:
@@ -414,10 +416,11 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
     greedy_dag = dag_cost(greedy.term, model)
     weights = unit_weights(model, len(greedy_dag))
     term, cost, status, gap, contexts = greedy.term, greedy_dag, "", 0.0, 0
+    ilp = _Model(graph, root, model, view, best, model.scalar(greedy_dag))
     for depth in KEY_DEPTHS:
-        ilp = _Model(graph, root, model, view, best, model.scalar(greedy_dag), depth, max_contexts, t0 + time_limit)
-        if ilp.stopped:  # the bound of an earlier attempt holds; before any, only 0 is proven
-            status, gap = ilp.stopped, gap if status else 1.0
+        stopped = ilp.enumerate_contexts(depth, max_contexts, t0 + time_limit)
+        if stopped:  # the bound of an earlier attempt holds; before any, only 0 is proven
+            status, gap = stopped, gap if status else 1.0
             break
         contexts = len(ilp.prune())
         picked, proved, bound = ilp.solve(weights, best, t0 + time_limit)
