@@ -48,7 +48,7 @@ def solved() -> dict[tuple[str, str], tuple[IlpExtracted, Model, Target, Saturat
     out = {}
     for layer, target in CASES:
         graph, model, tgt = _saturate(layer, target)
-        r = extract_ilp(graph, graph.roots["root"], tgt.cost_model(), time_limit=3.0)
+        r = extract_ilp(graph, graph.roots["root"], tgt.cost_model(), time_limit=60.0)
         out[(layer, target)] = (r, model, tgt, graph)
     return out
 
@@ -62,8 +62,8 @@ def test_ilp_is_never_dearer_than_greedy(solved, case):
     assert r.cycles <= r.greedy_dag_cycles <= r.greedy.cycles < math.inf
     if r.status == "optimal":
         assert r.gap == 0.0
-    else:  # proving optimality can take longer than the limit: the bound is then reported
-        assert r.status == "time limit" and 0 < r.gap < 1
+    else:  # a stalled machine can stop it first: the bound is then reported (1 if none was found)
+        assert r.status == "time limit" and 0 < r.gap <= 1
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
