@@ -4,8 +4,10 @@ The cost model here predicts cycles from that data alone: every unit (DMA, matri
 unit, instruction issue) accumulates busy cycles, plus the latency no unit can hide (a load's
 wait for its first unit, a store's drain, a reduction's chain); loops multiply their bodies,
 except that a load repeated in a loop waits from cold only the first time (its later runs are
-prefetched), and a program is as slow as its busiest unit (the units run decoupled). The
-simulator measures the real thing.
+prefetched while the body works). A loop that reloads a buffer cannot run faster than that
+buffer's load-to-read recurrence: those add up in a `chain` that is weighed like a unit. A
+program is as slow as its busiest unit or its chain (the units run decoupled). The simulator
+measures the real thing.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, ta, ts
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
-#: a cost's components: each unit's cycles, then `cold`, how many of the op units' cycles are
-#: loads' waits that only a load's first run pays (`CycleCost.counted`)
-COMPONENTS = UNITS + ("cold",)
+#: a cost's components: each unit's cycles; `chain`, the cycles of loads' recurrences and of
+#: waits no unit hides (`CycleCost.recurrence`); then `cold`, how many of the op units' cycles
+#: are loads' waits that only a load's first run pays (`CycleCost.counted`)
+COMPONENTS = UNITS + ("chain", "cold")
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
 #: the units that can load an on-chip memory
@@ -129,7 +132,7 @@ NEVER: Cost = (INF,) * len(COMPONENTS)
 
 def _exposed(c: Cost, wait: float) -> Cost:
     """c plus cycles every execution unit waits: latency on the critical path adds to the
-    busiest unit. Instruction issue does not wait: instructions dispatch one per cycle into the
+    busiest unit and to the chain. Instruction issue does not wait: instructions dispatch one per cycle into the
     units' queues whatever their operands wait for, so issue is a bound on throughput only."""
     return tuple(x if u in ("issue", "cold") else x + wait for u, x in zip(COMPONENTS, c))
 
@@ -190,9 +193,9 @@ class CycleCost:
     def reduce_chain(self, t: Term) -> Cost:
         """What a reduction over an array of type t waits for: every step reads the previous
         step's result, so its unit waits out the operator's latency beyond the occupancy of the
-        step's own operations. The first step waits as long for its two elements, computed just
-        before it (when they were loaded long before, as a max pool's windows, that over-charges
-        one step). The operator is one of the target's binary ops whose operands tile the
+        step's own operations, and so does the reduction's reader for the last step. The first
+        step waits as long for its two elements, computed just before it (when they were loaded
+        long before, as a max pool's windows, that over-charges one step). The operator is one of the target's binary ops whose operands tile the
         element type; the slowest one is assumed."""
         elem, n = t.args
         best: tuple[float, str] | None = None
@@ -206,7 +209,7 @@ class CycleCost:
                 best = (wait, spec.unit)
         if best is None:
             return ZERO
-        return _unit_cost(best[1], max(n - 1, 0) * best[0], 0)
+        return _unit_cost(best[1], n * best[0], 0)
 
     def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
         """How many times each F/E child's cost counts in the e-node's cost."""
@@ -240,21 +243,32 @@ class CycleCost:
                      for u, x in zip(COMPONENTS, c))
 
     def load(self, space: str, t: Term) -> Cost:
-        """Moving a value of type t from DRAM into `space`, through the memory it is staged in,
-        and the wait before its reader can start (`wait`)."""
+        """Moving a value of type t from DRAM into `space`, through the memory it is staged in.
+        The DMA unit also waits, each run, for the buffer's previous readers (`wait`: what its
+        later units' transfers do not cover). The device ops that read it wait for its first
+        units on the first run only (later runs are prefetched while the loop body works; the
+        `cold` component), but every run when the first read needs more than the first unit (the
+        units are freed in another order than they are loaded, so the next run's cannot be
+        prefetched). Every run lengthens the `chain` by its `recurrence`."""
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity:
             return NEVER
-        wait = self.wait(space, t)
-        loaded = _exposed(self.transfers(space, t), wait)
         need = self.first_read_units(space, t)
-        # a first read that needs more than the first unit: the loader is moving those units
-        # (its busy cycles), the device ops that read them wait
-        extra = self.wait(space, t, need) - wait
-        # the first run's readers wait longer: for its first units to arrive (`CycleCost.counted`);
-        # the DMA unit does not wait for a load's data, and its own later transfers cover as much
-        cold = self.wait(space, t, need, cold=True) - wait - extra
-        return tuple(x + extra + cold if u in OP_UNITS else x for u, x in zip(UNITS, loaded)) + (cold,)
+        first = self.wait(space, t, need, cold=True)
+        steady = self.wait(space, t)
+        extra = self.wait(space, t, need) - steady
+        moved = tuple(x + steady if u == "dma" else x for u, x in zip(UNITS, self.transfers(space, t)))
+        return (tuple(x + first if u in OP_UNITS else x for u, x in zip(UNITS, moved))
+                + (self.recurrence(space, t, need), first - extra))
+
+    def recurrence(self, space: str, t: Term, need: int) -> float:
+        """The shortest period of a loop that loads a value of type t into the same buffer of
+        `space` every iteration: the next load waits for this one's first `need` units to be
+        read, then takes their transfers and the latency to arrive, then they are read again."""
+        mem = self.t.memories[space]
+        # a staged load's `wait` leaves out its loader's own transfer of the first unit
+        staged = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth) if mem.load_from else (0, 1)
+        return self.wait(space, t, need, cold=True) + staged[0] / staged[1] + self.reader_occupancy(space)
 
     def transfers(self, space: str, t: Term) -> Cost:
         """The units kept busy moving a value of type t from DRAM into `space`."""
@@ -303,6 +317,10 @@ class CycleCost:
         rows = dims[-2].args[1]
         return math.ceil(((min(rows, n) - 1) * row + min(row, n)) / self.unit_elems(space))
 
+    def reader_occupancy(self, space: str) -> int:
+        """The longest a device op that reads an operand from `space` keeps its unit busy."""
+        return max((o.occupancy for o in self.t.ops if any(s == space for _, s in o.op.operands)), default=0)
+
     def latency(self, space: str) -> int:
         """Cycles from a DRAM read to its data in `space`, through the memories it is staged in."""
         mem = self.t.memories[space]
@@ -320,5 +338,5 @@ class CycleCost:
         return mem is None or nbytes(t) <= mem.capacity * self.t.pinned_room
 
     def scalar(self, c: Cost) -> float:
-        """Predicted cycles: the busiest unit (the units run decoupled)."""
-        return max(c[:len(UNITS)])
+        """Predicted cycles: the busiest unit (the units run decoupled), or the chain when longer."""
+        return max(c[:COMPONENTS.index("cold")])
