@@ -22,8 +22,8 @@ from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, ta, ts
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
-#: a cost's components: each unit's cycles; `chain`, the cycles of loads' recurrences and of
-#: waits no unit hides (`CycleCost.recurrence`); then `cold`, how many of the op units' cycles
+#: a cost's components: each unit's cycles; `chain`, the cycles of loads' recurrences
+#: (`CycleCost.recurrence`) and stores' drains; then `cold`, how many of the op units' cycles
 #: are loads' waits that only a load's first run pays (`CycleCost.counted`)
 COMPONENTS = UNITS + ("chain", "cold")
 #: the units a device op can run on: the matrix unit and the vector unit
@@ -132,8 +132,8 @@ NEVER: Cost = (INF,) * len(COMPONENTS)
 
 def _exposed(c: Cost, wait: float) -> Cost:
     """c plus cycles every execution unit waits: latency on the critical path adds to the
-    busiest unit and to the chain. Instruction issue does not wait: instructions dispatch one per cycle into the
-    units' queues whatever their operands wait for, so issue is a bound on throughput only."""
+    busiest unit and to the chain. Instruction issue does not wait: instructions dispatch one
+    per cycle into the units' queues whatever their operands wait for, so issue is a bound on throughput only."""
     return tuple(x if u in ("issue", "cold") else x + wait for u, x in zip(COMPONENTS, c))
 
 
@@ -195,8 +195,9 @@ class CycleCost:
         step's result, so its unit waits out the operator's latency beyond the occupancy of the
         step's own operations, and so does the reduction's reader for the last step. The first
         step waits as long for its two elements, computed just before it (when they were loaded
-        long before, as a max pool's windows, that over-charges one step). The operator is one of the target's binary ops whose operands tile the
-        element type; the slowest one is assumed."""
+        long before, as a max pool's windows, that over-charges one step). The operator is one
+        of the target's binary ops whose operands tile the element type; the slowest one is
+        assumed."""
         elem, n = t.args
         best: tuple[float, str] | None = None
         for spec in self.t.ops:
@@ -265,10 +266,11 @@ class CycleCost:
         """The shortest period of a loop that loads a value of type t into the same buffer of
         `space` every iteration: the next load waits for this one's first `need` units to be
         read, then takes their transfers and the latency to arrive, then they are read again."""
-        mem = self.t.memories[space]
-        # a staged load's `wait` leaves out its loader's own transfer of the first unit
-        staged = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth) if mem.load_from else (0, 1)
-        return self.wait(space, t, need, cold=True) + staged[0] / staged[1] + self.reader_occupancy(space)
+        own = 0.0
+        if self.t.memories[space].load_from:  # a staged load's `wait` leaves out its loader's own move
+            busy, units = self.t.transfer_cycles(t, self.unit_elems(space), self.t.memories[space].bandwidth)
+            own = busy / units
+        return self.wait(space, t, need, cold=True) + own + self.reader_occupancy(space)
 
     def transfers(self, space: str, t: Term) -> Cost:
         """The units kept busy moving a value of type t from DRAM into `space`."""
@@ -319,7 +321,7 @@ class CycleCost:
 
     def reader_occupancy(self, space: str) -> int:
         """The longest a device op that reads an operand from `space` keeps its unit busy."""
-        return max((o.occupancy for o in self.t.ops if any(s == space for _, s in o.op.operands)), default=0)
+        return max((o.occupancy for o in self.t.ops if space in (s for _, s in o.op.operands)), default=0)
 
     def latency(self, space: str) -> int:
         """Cycles from a DRAM read to its data in `space`, through the memories it is staged in."""
