@@ -6,7 +6,7 @@ so saturation stays bounded (splitting never recurses below a native size).
 
 from __future__ import annotations
 
-from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, ELEMENTWISE_UNARY_OPS, T, Term, comp, tp
+from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, ELEMENTWISE_UNARY_OPS, REDUCTION_IDENTITY, T, Term, comp, tp
 from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
 from egraph_rules.rule_examples import mat, pick, var, vec
 from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk
@@ -359,6 +359,21 @@ def _movement() -> list[Rule]:
                   T("Zip", pm), T("Fork", *moved))
         return T("Reduce", op, T("TA", vec(k * rows), m))
 
+    def ex_fold(rng):
+        n, steps = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n))
+        step = comp(T("ToChip", "mem", vec(n)), T("VVAdd", p),
+                    T("Fork", comp(T("ToChip", "mem", vec(n)), T("Fst", p)), T("Snd", p)))
+        return T("Fold", step, tp(vec(n), T("TA", vec(n), steps)))
+
+    def ex_fold_view(rng):
+        k, rows, steps = pick(rng, 1, 3), pick(rng, 1, 3), pick(rng, 1, 3)
+        p, pm = tp(vec(k * rows), vec(k * rows)), tp(mat(rows, k), mat(rows, k))
+        state = comp(T("Split", k, vec(k * rows)), T("ToChip", "mem", vec(k * rows)), T("Fst", p))
+        step = comp(T("ToChip", "mem", vec(k * rows)), T("Join", mat(rows, k)), T("Map", T("VVMax", tp(vec(k), vec(k))), rows),
+                    T("Zip", pm), T("Fork", comp(T("Split", k, vec(k * rows)), T("Snd", p)), state))
+        return T("Fold", step, tp(vec(k * rows), T("TA", vec(k * rows), steps)))
+
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
@@ -390,6 +405,23 @@ def _movement() -> list[Rule]:
             from_reduce.append(
                 f"(rule ((= e (Reduce op (TA a n))) {tail_chain('op', prefix, forks[0], 'reducetail')} (inspace op sp)) "
                 f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
+    # a Fold's step moving the state it reads: the state stays where the step leaves it, so only
+    # the initial state needs the move. Matched only along the stages of Fold steps (foldstage,
+    # marked from each Fold down its step's chain): marking up from every such Fork, as for
+    # reductions, made LSTM(256)'s saturation five times slower
+    from_fold = ["(rule ((= e (Fold op t))) ((foldstage op 0)) :ruleset analysis)",
+                 f"(rule ((foldstage f k) (< k {HOIST_DEPTH + 1}) (= f (Comp p r))) ((foldstage r (+ k 1))) :ruleset analysis)"]
+    for before, after in (("(Comp (ToChip sp a) (Fst (TP a b)))", "(Fst (TP a b))"),
+                          ("(Comp v (Comp (ToChip sp a) (Fst (TP a b))))", "(Comp v (Fst (TP a b)))")):
+        for fork_before, fork_after in ((f"(Fork {before} h)", f"(Fork {after} h)"), (f"(Fork h {before})", f"(Fork h {after})")):
+            for prefix in prefixes:
+                names = ["op"] + [f"op__{i}" for i in range(1, len(prefix) + 1)]
+                stages = " ".join(f"(foldstage {name} {i}) (= {name} (Comp {p} {names[i + 1]}))"
+                                  for i, (name, p) in enumerate(zip(names, prefix)))
+                from_fold.append(
+                    f"(rule ((= e (Fold op (TP a xs))) {stages} (= {names[-1]} {fork_before}) (inspace op sp)) "
+                    f"((union e (Comp (Fold {chain(prefix, fork_after)} (TP a xs)) "
+                    f"(Fork (Comp (ToChip sp a) (Fst (TP a xs))) (Snd (TP a xs)))))) :ruleset {a})")
     hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
              for p in prefixes]
     for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
@@ -502,6 +534,11 @@ def _movement() -> list[Rule]:
              "(h may be absent): a reduction whose operator moves both operands = the reduction over the moved "
              "array (its accumulator is already there)",
              ex_reduce, ex_reduce_view_after),
+        Rule("tochip-hoist-from-fold", a, tuple(from_fold),
+             f"the step's output stays in that memory; at most {HOIST_DEPTH + 1} stages after the state's fork",
+             "Fold(f . Fork(h . ToChip . Fst, g)) = Fold(f . Fork(h . Fst, g)) . Fork(ToChip . Fst, Snd) (either "
+             "branch; h may be absent): a recurrence whose step moves the state it reads = the recurrence from the "
+             "moved initial state (each later state is already where the step leaves it)", ex_fold, ex_fold_view),
     ]
 
 
@@ -599,12 +636,43 @@ def common_algorithmic_rules() -> list[Rule]:
     return _structural() + layout_algebra_rules() + _movement() + _stacking() + _im2col()
 
 
+def _reduce_map_to_fold(resident: int) -> Rule:
+    """A reduction of computed vectors too many to hold on chip together (more than `resident`
+    elements) as a Fold that consumes each vector as it is computed. Only then: unguarded, it
+    added 79% e-nodes to AlexNet conv2 on VTA, and with tochip-hoist-from-fold over those Folds
+    that saturation hit its time limit."""
+    a = "algorithmic"
+
+    def ex_reduce_map(rng):
+        n, k = pick(rng, 1, 4), pick(rng, 1, 4)
+        m = resident // n + pick(rng, 1, 3)
+        op = sorted(REDUCTION_IDENTITY)[pick(rng, 0, len(REDUCTION_IDENTITY) - 1)]
+        product = T("Comp", T("MVMul", tp(mat(n, k), vec(k))),
+                    T("Fork", T("Const", var("W", mat(n, k)), vec(k)), T("Id", vec(k))))
+        return comp(T("Reduce", T(op, tp(vec(n), vec(n))), T("TA", vec(n), m)), T("Map", product, m))
+
+    v = "(TA s k)"
+    # the Map's length is not named twice (see map-fusion): the two lengths are equal by typing
+    rewrites = tuple(r for op, unit in sorted(REDUCTION_IDENTITY.items()) for r in chain_rewrites(
+        [f"(Reduce ({op} (TP {v} {v})) (TA {v} n))", "(Map g m)"],
+        [f"(Fold (Comp ({op} (TP {v} {v})) (Fork (Fst (TP {v} b)) (Comp g (Snd (TP {v} b))))) (TP {v} (TA b n)))",
+         f"(Fork (Const (Fill {unit!r} {v}) (TA b n)) (Id (TA b n)))"], a, ["(= b (fin g))", f"(> (* n k) {resident})"]))
+    return Rule("reduce-map-to-fold", a, rewrites,
+                f"operator VVAdd, VVMul or VVMax (it has an identity element); the n vectors of k elements reduced "
+                f"more than fit on chip together (n k > {resident})",
+                "Reduce f . Map g = Fold(f . (Id x g)) from f's identity: the reduction consumes each vector as it "
+                "is computed, so the mapped array is never held whole (Lift's reduceSeq-map fusion; a GEMM's "
+                "partial products over a contraction too long for the chip)", ex_reduce_map)
+
+
 def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
-    """Tiling rules and the tiled algebra for each tile size; `resident` is how many result
-    elements, and `pinnable` how many weight elements, the target can hold on chip at once."""
+    """Tiling rules and the tiled algebra for each tile size, and reductions streamed when their
+    vectors do not fit together; `resident` is how many result elements, and `pinnable` how many
+    weight elements, the target can hold on chip at once."""
     rules: list[Rule] = tiled_algebra_rules(tile_sizes)
     for n in sorted(set(tile_sizes)):
         rules += _tiling(n, resident, pinnable) + [_merge_row_blocks(n)]
+    rules.append(_reduce_map_to_fold(resident))
     return rules
 
 

@@ -32,6 +32,9 @@ ELEMENTWISE_BINARY_OPS: tuple[str, ...] = ("VVAdd", "VVMul", "VVSub", "VVMax")
 #: them may be split into partial reductions and its elements reordered
 ASSOC_COMM_OPS: tuple[str, ...] = ("VVAdd", "VVMul", "VVMax")
 
+#: each of them with its identity element: a reduction may start from a vector of it
+REDUCTION_IDENTITY: dict[str, float] = {"VVAdd": 0.0, "VVMul": 1.0, "VVMax": -math.inf}
+
 #: constructor name -> (sort, argument sorts); the single source for egglog and Python
 SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     # types

@@ -145,6 +145,8 @@ def analysis_program() -> str:
         "(relation inspace (F String))",
         # chains ending in the operand moves tochip-hoist-from-reduce takes out (see tail_walk)
         "(relation reducetail (F i64))",
+        # the stages of Fold steps, where tochip-hoist-from-fold looks for state moves
+        "(relation foldstage (F i64))",
         # the move of one part of a pair that tochip-hoist-from-map puts before a loop
         "(constructor PairMove (F String) F)",
         "(ruleset analysis)",

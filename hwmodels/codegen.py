@@ -487,6 +487,8 @@ class Codegen:
                     self.restore(saved)
                     return self.stream_out(stages[1], inner)
             return self.apply(a[0], self.apply(a[1], v), dest)
+        if op == "Id":
+            return v
         if op == "Fork":
             return PairV(self.apply(a[0], v), self.apply(a[1], v))
         if op in ("Fst", "Snd"):
@@ -655,15 +657,25 @@ class Codegen:
         """A loop carrying a state (on chip, or in DRAM when the step ends storing it): the first
         step reads the initial state, then the steps alternate between two state buffers (two
         steps per loop iteration), so no step overwrites the state it reads; a last step runs
-        after the loop when n - 1 is odd."""
-        if dest is not None:
-            raise CodegenError("a Fold cannot write into a given destination")
+        after the loop when n - 1 is odd. Given a destination (a Map's iteration), the last step
+        writes the final state there."""
         if not isinstance(v, PairV):
             raise CodegenError("a Fold applies to a pair (initial state, array)")
+        if dest is not None:  # the last step's core writes where the step's views put it: dest
+            if not isinstance(dest, Buf):
+                raise CodegenError("a Fold returning a pair cannot write into a given destination")
+            for view in _core(step)[0]:
+                inverse = _inverse(view)
+                if inverse is None:
+                    raise CodegenError(f"a Fold whose step ends in {view.op} cannot write into a given destination")
+                dest = _view(inverse, dest, 0)
         init, xs = v.a, v.b
+        if dest is not None and n == 1:
+            return self.fold_step(step, PairV(init, _index(xs, Affine(0))), dest)
         first, second = self.storage(step), self.storage(step)
         state = self.fold_step(step, PairV(init, _index(xs, Affine(0))), first)
-        pairs, odd = divmod(n - 1, 2)
+        looped = n if dest is None else n - 1  # steps into the two state buffers
+        pairs, odd = divmod(looped - 1, 2)
 
         def two(j: Affine) -> None:
             i = j.scaled(2) + 1
@@ -674,7 +686,9 @@ class Codegen:
         if pairs:
             self.loop(pairs, two)
         if odd:
-            state = self.fold_step(step, PairV(state, _index(xs, Affine(n - 1))), second)
+            state = self.fold_step(step, PairV(state, _index(xs, Affine(looped - 1))), second)
+        if dest is not None:
+            state = self.fold_step(step, PairV(state, _index(xs, Affine(n - 1))), dest)
         return state
 
     def fold_step(self, step: Term, v: object, store: object) -> object:

@@ -195,6 +195,24 @@ def test_weights_that_do_not_fit_are_streamed():
     assert pinned.cycles < r.cycles
 
 
+def test_a_contraction_too_long_for_the_chip_is_streamed_through_a_fold():
+    """1024 / 32 partial products of 32 elements per output row do not fit in a 2 KiB vector
+    register file together: reduce-map-to-fold makes the reduction consume each product as it is
+    computed (a Fold from a vector of zeros), and the input row is loaded a chunk at a time."""
+    base = get_target("brainwave", 32)
+    mems = dict(base.memories)
+    mems["bw.vrf"] = dataclasses.replace(mems["bw.vrf"], capacity=16 * 32 * 4)
+    small = dataclasses.replace(base, memories=mems)
+    r = optimize(["MatMul(1024, 32)"], (2, 1024), target=small)
+    _check_accuracy(r, (2, 32))
+    folds = [t for t in r.term.walk() if t.op == "Fold"]
+    assert folds and all(f.args[1].args[1].args[1] == 1024 // 32 for f in folds)
+    assert any(t.op == "Fill" and t.args[0] == 0.0 for t in r.term.walk())
+    roomy = optimize(["MatMul(1024, 32)"], (2, 1024), target=base)
+    _check_accuracy(roomy, (2, 32))
+    assert not any(t.op == "Fold" for t in roomy.term.walk())   # the products fit: no Fold is offered
+
+
 def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monkeypatch):
     """Five 32x32 weights of one tile each and a matrix register file of four tiles: each weight
     fits in any share extraction is retried with (a quarter), but pinned together at setup they
