@@ -33,9 +33,13 @@ class CostModel(Protocol):
     def scales(self, op: str, args: tuple, nkids: int) -> tuple[float, ...]:
         """How many times each F/E child's cost counts in the e-node's cost."""
 
-    def counted(self, local: tuple[float, ...], m: float) -> tuple[float, ...]:
-        """A `local` cost paid m times (a whole number: a loop's trip count, or 0); m * local
-        unless some of it is paid only on a first run."""
+    def buffers(self, op: str) -> int | None:
+        """How many buffers the loads in the body of a loop e-node get (None: not a loop)."""
+
+    def counted(self, local: tuple[float, ...], m: float, buffers: int | None = None) -> tuple[float, ...]:
+        """A `local` cost paid m times (a whole number: a loop's trip count, or 0) in the body of
+        a loop whose loads get `buffers` buffers each (None: left to the loop around it); m *
+        local unless some of it is paid only on a first run or depends on the buffers."""
 
     def scalar(self, cost: Any) -> float:
         """Predicted cycles of a cost (INF when the target cannot run it)."""

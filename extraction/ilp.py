@@ -3,10 +3,12 @@ applies twice to the same value is paid once, as code generation compiles it onc
 
 The cost model is linear (an e-node costs its `local` vector plus each F/E child's cost counted
 the node's `scales` times), so a program's cost is a sum over the places its e-nodes are used.
-A *context* is such a place: (e-class, input key, multiplicity). The multiplicity is the product
-of the scales above (loop trip counts; 0 under Const, computed once at setup), and the model's
-`counted(local, multiplicity)` is what the e-node itself costs there (a loop's load waits from
-cold only once, so that is affine, not proportional, in the multiplicity). The input key
+A *context* is such a place: (e-class, input key, multiplicity, buffers). The multiplicity is the
+product of the scales above (loop trip counts; 0 under Const, computed once at setup), the
+buffers are those the innermost loop above gives its body's loads (1 outside every loop), and
+the model's `counted(local, multiplicity, buffers)` is what the e-node itself costs there (a
+loop's load waits from cold only once, so that is affine, not proportional, in the
+multiplicity). The input key
 names the value the function is applied to as code generation's `apply(f, v)` sees it: a Fork's
 branches and a composition's first stage see their parent's input; a composition's second stage
 sees the first stage's result, a loop body an element, an App's function its value, each keyed
@@ -70,7 +72,7 @@ ABS_GAP = 0.7
 #: how many latest sources input keys keep, tried in turn (see the module docstring)
 KEY_DEPTHS = (2, 3, 4)
 
-Context = tuple[str, Any, float]
+Context = tuple[str, Any, float, int]
 
 
 @dataclass
@@ -108,6 +110,13 @@ def _child_context(op: str, i: int, sort: str, key: tuple, m: float, scale: floa
     return ((tag,) + key)[:depth], m2
 
 
+def _buffers(model: CostModel, op: str, outer: int) -> int:
+    """The buffers the loads of an e-node's children get: its own when it is a loop, else those
+    of the loop around it."""
+    own = model.buffers(op)
+    return outer if own is None else own
+
+
 def _tag(op: str, i: int, kids: tuple, parent: Any) -> Any:
     """What the i-th child's input is made by: the first stage for a composition's second stage,
     the value for an App's function, the e-node itself for a loop body."""
@@ -125,34 +134,36 @@ def dag_cost(term: Term, model: CostModel) -> tuple[float, ...]:
     ids: dict[str, int] = {}
     seen: set[tuple[int, tuple, float]] = set()
     total: list[float] | None = None
-    stack: list[tuple[Term, tuple, float]] = [(term, (), 1.0)]
+    stack: list[tuple[Term, tuple, float, int]] = [(term, (), 1.0, 1)]
     while stack:
-        t, key, m = stack.pop()
+        t, key, m, buffers = stack.pop()
         ident = ids.setdefault(t.sexpr, len(ids))
-        if (ident, key, m) in seen:
+        if (ident, key, m, buffers) in seen:
             continue
-        seen.add((ident, key, m))
+        seen.add((ident, key, m, buffers))
         sorts = SCHEMA[t.op][1]
         args = tuple(None if s in ("F", "E") else a for s, a in zip(sorts, t.args))
         kids = tuple(a for s, a in zip(sorts, t.args) if s in ("F", "E"))
         local = model.local(t.op, args)
         if INF in local:
             return (INF,) * len(local)
-        part = model.counted(local, m)
+        part = model.counted(local, m, buffers)
         total = list(part) if total is None else [a + x for a, x in zip(total, part)]
         kid_ids = tuple(ids.setdefault(k.sexpr, len(ids)) for k in kids)
+        inner = _buffers(model, t.op, buffers)
         for i, (kid, scale) in enumerate(zip(kids, model.scales(t.op, args, len(kids)))):
             tag = _tag(t.op, i, kid_ids, ident)
-            stack.append((kid, *_child_context(t.op, i, kid.sort, key, m, scale, tag, None)))
+            stack.append((kid, *_child_context(t.op, i, kid.sort, key, m, scale, tag, None), inner))
     return tuple(total or ())
 
 
 def unit_weights(model: CostModel, n: int) -> tuple[float, ...]:
-    """w_u such that model.scalar(c) = max_u w_u c_u, the form the ILP's objective needs; an
-    ExtractionError when the model's scalar is not of that form on probe vectors."""
+    """w_u such that model.scalar(c) = max_u w_u c_u for every cost c counted in a context (the
+    objective sums those), the form the ILP's objective needs; an ExtractionError when the
+    model's scalar is not of that form on probe vectors."""
     w = tuple(float(model.scalar(tuple(1.0 if j == i else 0.0 for j in range(n)))) for i in range(n))
     probes = [tuple(float(j + 1) for j in range(n)), tuple(float(n - j) for j in range(n)), (1.0,) * n]
-    for p in probes:
+    for p in (model.counted(p, 1.0, 1) for p in probes):
         if not math.isclose(model.scalar(p), max(a * b for a, b in zip(w, p)), rel_tol=1e-9):
             raise ExtractionError("the ILP extractor needs the cost model's scalar to be a weighted max over "
                                   "its cost components; this model's is not")
@@ -172,12 +183,19 @@ class _Model:
         self.repeat: dict[str, tuple[float, ...]] = {}
         self.scales: dict[str, tuple[float, ...]] = {}
         self.by_class: dict[str, list[Computation]] = {}
+        #: what each e-node itself costs at its first use, whatever loop it is in (per component,
+        #: the least over the buffer counts loops give; `counted` prices each context exactly)
+        self.first: dict[str, tuple[float, ...]] = {}
+        buffers = sorted({b for op in SCHEMA if (b := model.buffers(op)) is not None} | {1})
         for c in computations(graph, view, model):
             local = model.local(c.op, c.args)
             if INF in local or c.eclass in c.kids:
                 continue
             self.local[c.nid] = local
-            self.repeat[c.nid] = tuple(a - b for a, b in zip(model.counted(local, 2.0), model.counted(local, 1.0)))
+            once = [model.counted(local, 1.0, b) for b in buffers]
+            twice = [model.counted(local, 2.0, b) for b in buffers]
+            self.first[c.nid] = tuple(min(xs) for xs in zip(*once))
+            self.repeat[c.nid] = tuple(min(t - o for t, o in zip(ts, os)) for ts, os in zip(zip(*twice), zip(*once)))
             self.scales[c.nid] = model.scales(c.op, c.args, len(c.kids))
             self.by_class.setdefault(c.eclass, []).append(c)
         self._keep_order(greedy)
@@ -185,7 +203,7 @@ class _Model:
         self.bound = bound * (1 + 1e-9)
         positive = [model.scalar(v) for v in self.repeat.values() if model.scalar(v) > 0]
         self.cap = self.bound / min(positive) if positive else INF
-        self.root: Context = (root, (), 1.0)
+        self.root: Context = (root, (), 1.0, 1)
         #: (context, e-node, child contexts) for every e-node a context may pick (`enumerate_contexts`)
         self.options: list[tuple[Context, Computation, tuple[Context, ...]]] = []
 
@@ -216,7 +234,7 @@ class _Model:
         def improve(c: Computation) -> bool:
             if any(k not in best for k in c.kids):
                 return False
-            first, again = self.local[c.nid], self.repeat[c.nid]
+            first, again = self.first[c.nid], self.repeat[c.nid]
             parts = [(tuple(f + (s - 1) * r for f, r in zip(*best[k])), tuple(s * r for r in best[k][1]))
                      for k, s in zip(c.kids, self.scales[c.nid]) if s]
             if c.op == "Fork" and parts:
@@ -256,16 +274,17 @@ class _Model:
         queue = deque([self.root])
         while queue:
             ctx = queue.popleft()
-            cls, key, m = ctx
+            cls, key, m, buffers = ctx
             for c in self.by_class.get(cls, []):
                 if not self._usable(c, m):
                     continue
                 kids = []
+                inner = _buffers(self.model, c.op, buffers)
                 for i, (kid, sort, scale) in enumerate(zip(c.kids, _kid_sorts(c.op), self.scales[c.nid])):
                     k2, m2 = _child_context(c.op, i, sort, key, m, scale, _tag(c.op, i, c.kids, c.eclass), depth)
                     if m2 > self.cap or (m2 and kid in self.free):
                         k2, m2 = (), INF
-                    kids.append((kid, k2, m2))
+                    kids.append((kid, k2, m2, inner))
                     if kids[-1] not in seen:
                         seen.add(kids[-1])
                         queue.append(kids[-1])
@@ -384,7 +403,7 @@ class _Model:
     def counted(self, j: int) -> tuple[float, ...]:
         """What option j's e-node itself costs at its context's multiplicity."""
         ctx, c, _ = self.options[j]
-        return self.model.counted(self.local[c.nid], ctx[2])
+        return self.model.counted(self.local[c.nid], ctx[2], ctx[3])
 
     def term(self, picked: list[int]) -> Term:
         """The program the picked options spell, from the root (where a context picked more

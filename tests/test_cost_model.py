@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from egraph_rules.ir import ta, tensor_type, ts
+from egraph_rules.ir import ta, tensor_type, tp, ts
 from liftsat.api import optimize
 from liftsat.targets import BUILTIN, get_target
 
@@ -69,26 +69,39 @@ def test_load_wait_is_the_latency_its_own_transfers_do_not_cover() -> None:
     one = cm.local("ToChip", ("bw.vrf", ta(F32, 128)))
     per = 128 * 4 // cm.t.dram.bandwidth
     # the first run's readers wait for the vector to arrive; issue runs ahead: it does not wait;
-    # a loop reloading it runs no faster than load, latency and read, one after the other
-    assert one == (per + lat, per + lat, per + lat, 1, per + lat + mv_mul, per + lat)
+    # a loop reloading it runs no faster than load, latency and read, one after the other; the
+    # DMA unit waits for the buffer's readers (left to the loop around the load)
+    assert one == (per, per + lat, per + lat, 1, per + lat + mv_mul, lat, per + lat)
+    assert cm.settled(one, 1) == (per + lat, per + lat, per + lat, 1, per + lat + mv_mul, 0, per + lat)
+    assert cm.settled(one, 2) == (per, per + lat, per + lat, 1, per + lat + mv_mul, 0, per + lat)  # double-buffered
     eight = cm.local("ToChip", ("bw.vrf", ta(F32, 1024)))
     assert eight[1] == eight[-1] == per + lat          # the first vector, from cold; later runs are prefetched
-    assert eight[0] == 8 * per + lat - 7 * per         # the DMA waits for the buffer: seven more vectors hide part
+    assert cm.settled(eight, 1)[0] == 8 * per + lat - 7 * per   # the DMA waits: seven more vectors hide part
     assert eight[4] == per + lat + mv_mul
     huge = cm.local("ToChip", ("bw.mrf", tensor_type("f32", (1024, 1024))))
-    assert huge[0] == 64 * 128 * 128 * 4 // cm.t.dram.bandwidth   # 64 tiles hide all of it
+    assert cm.settled(huge, 1)[0] == 64 * 128 * 128 * 4 // cm.t.dram.bandwidth   # 64 tiles hide all of it
 
 
 def test_a_loop_pays_its_loads_cold_start_once() -> None:
     cm = get_target("brainwave").cost_model()
     load = cm.local("ToChip", ("bw.vrf", ta(F32, 1024)))
     looped = cm.node("Map", (None, 5), [load])
-    cold = load[-1]
-    assert cold > 0
-    assert looped == (5 * load[0], 5 * load[1] - 4 * cold, 5 * load[2] - 4 * cold, 5 * load[3], 5 * load[4], cold)
-    assert cm.node("Const", (None, None), [load]) == (0.0,) * 6      # computed at setup: never paid
-    assert cm.counted(load, 5) == looped
+    cold, dma_wait = load[-1], load[5]
+    assert cold > 0 and dma_wait > 0
+    assert looped == (5 * (load[0] + dma_wait), 5 * load[1] - 4 * cold, 5 * load[2] - 4 * cold, 5 * load[3],
+                      5 * load[4], 0, cold)
+    assert cm.node("Const", (None, None), [load]) == (0.0,) * 7      # computed at setup: never paid
+    assert cm.counted(load, 5, 1) == looped
     assert cm.scalar(looped) == 5 * load[4]            # little work per run: the loads' recurrence decides
+    fold = (None, tp(ta(F32, 1024), ta(ta(F32, 1024), 5)))   # a Fold's steps load into two buffers
+    assert cm.node("Fold", fold, [load]) == (5 * load[0],) + looped[1:]
+
+
+def test_loads_outside_every_loop_run_once() -> None:
+    cm = get_target("brainwave").cost_model()
+    load = cm.local("ToChip", ("bw.vrf", ta(F32, 128)))
+    assert cm.counted(load, 1) == load                  # not a loop's body: the loop around it settles it
+    assert cm.scalar(load) == max(cm.settled(load, 1))
 
 
 def test_tile_reads_of_a_vector_loaded_slab_wait_for_the_tiles_last_row() -> None:
@@ -120,7 +133,7 @@ def test_staged_load_waits_for_its_whole_staging() -> None:
     staging = 16 * 16 * 4 // cm.t.dram.bandwidth       # sixteen row moves into the scratchpad
     assert got[1] == 16 + cm.t.dram.latency + staging  # preload on the mesh's unit, after the staging
     assert got[-1] == cm.t.dram.latency + staging      # later runs are staged while the mesh computes
-    assert got[0] == 2 * staging + cm.t.dram.latency   # the DMA waits for the previous block's staging
+    assert cm.settled(got, 1)[0] == 2 * staging + cm.t.dram.latency   # the DMA waits for the previous staging
     assert got[4] == staging + cm.t.dram.latency + 16 + cm.ops["gm.compute"].occupancy  # stage, preload, read
 
 
@@ -129,7 +142,7 @@ def test_store_drains_before_its_reader() -> None:
     v = ta(F32, 64)
     busy, units = cm.t.transfer_cycles(v, cm.t.native_dim)
     drain = busy + cm.t.dram.latency
-    assert cm.local("ToOutput", (v,)) == (drain,) * 3 + (max(busy, units) + cm.t.dram.latency, drain, 0)
+    assert cm.local("ToOutput", (v,)) == (drain,) * 3 + (max(busy, units) + cm.t.dram.latency, drain, 0, 0)
 
 
 def test_reduction_chain_waits_for_the_operator_latency() -> None:
@@ -138,7 +151,7 @@ def test_reduction_chain_waits_for_the_operator_latency() -> None:
     got = cm.local("Reduce", (None, ta(ta(F32, 16), 9)))
     assert got[1] == 9 * (add.latency - add.occupancy)   # eight steps, and the reader of the last one
     wide = cm.local("Reduce", (None, ta(ta(F32, 16 * 64), 9)))   # 64 independent adds per step hide it
-    assert wide == (0.0,) * 6
+    assert wide == (0.0,) * 7
 
 
 def test_node_is_local_plus_scaled_children() -> None:

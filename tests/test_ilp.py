@@ -132,7 +132,10 @@ class Relu5:
     def node(self, op, args, kids):
         return tuple(a + sum(s * k[0] for s, k in zip(self.scales(op, args, len(kids)), kids)) for a in self.local(op, args))
 
-    def counted(self, local, m):
+    def buffers(self, op):
+        return 1 if op == "Map" else None
+
+    def counted(self, local, m, buffers=None):
         return tuple(m * x for x in local)
 
     def scalar(self, c):
