@@ -258,6 +258,11 @@ class Codegen:
         self.block: Block = []
         self.nvars = 0
         self.data_cache: dict[Term, object] = {}
+        #: contiguous host layouts of strided host views, by the viewed expression
+        self.host_copies: dict[Term, Buf] = {}
+        #: buffers of a Fold's two steps per trip, by the trip loop's variable: kept apart by
+        #: memory sharing, so that one step's loads fill while the other step works
+        self.double: dict[Buffer, int] = {}
         self.shared: dict[tuple[Term, object], object] = {}
 
     # ------------------------------------------------------------ memory
@@ -287,8 +292,11 @@ class Codegen:
         return _dense(space, base, shape)
 
     def host_copy(self, v: Buf) -> Buf:
-        """A contiguous host layout of a (strided) view of host data, indexed like the view."""
-        out: object = self.host_buffer(v.host, ty(v.host), f"contiguous {_describe(v.host)}")
+        """A contiguous host layout of a (strided) view of host data, indexed like the view (one
+        per viewed expression, however many loads read it)."""
+        if v.host not in self.host_copies:
+            self.host_copies[v.host] = self.host_buffer(v.host, ty(v.host), f"contiguous {_describe(v.host)}")
+        out: object = self.host_copies[v.host]
         for i in v.hidx:
             out = _index(out, i)
         return out
@@ -563,13 +571,14 @@ class Codegen:
     def snapshot(self) -> tuple:
         """The compilation state, to go back to when an attempt does not fit."""
         return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
-                dict(self.data_cache), dict(self.shared), len(self.buffers))
+                dict(self.data_cache), dict(self.host_copies), dict(self.double), dict(self.shared), len(self.buffers))
 
     def restore(self, saved: tuple) -> None:
         """Forget everything compiled since `saved` was taken (within the same block); the same
         snapshot may be restored again."""
-        alloc, hosts, setups, instrs, self.nvars, cache, shared, buffers = saved
-        self.alloc, self.data_cache, self.shared = dict(alloc), dict(cache), dict(shared)
+        alloc, hosts, setups, instrs, self.nvars, cache, copies, double, shared, buffers = saved
+        self.alloc, self.data_cache, self.host_copies, self.shared = dict(alloc), dict(cache), dict(copies), dict(shared)
+        self.double = dict(double)
         del self.host[hosts:], self.setup[setups:], self.block[instrs:], self.buffers[buffers:]
 
     def stream_out(self, m: Term, v: object) -> object:
@@ -677,11 +686,15 @@ class Codegen:
         looped = n if dest is None else n - 1  # steps into the two state buffers
         pairs, odd = divmod(looped - 1, 2)
 
+        trip = self.nvars  # the variable of the loop over pairs of steps
+
         def two(j: Affine) -> None:
             i = j.scaled(2) + 1
+            before = len(self.buffers)
             mid = self.fold_step(step, PairV(state, _index(xs, i)), second)
             if self.fold_step(step, PairV(mid, _index(xs, i + 1)), first) != state:
                 raise CodegenError("a Fold step does not return its state in the layout it reads")
+            self.double.update(dict.fromkeys(self.buffers[before:], trip))
 
         if pairs:
             self.loop(pairs, two)
@@ -848,7 +861,8 @@ def _describe(e: Term) -> str:
 def generate(term: Term, target: Target) -> Program:
     """Compile an extracted program term (App(F, input)) into a program for the target. Every
     buffer gets memory of its own; when they do not all fit, buffers whose lifetimes do not
-    overlap share memory (the program is compiled again without the running total's check)."""
+    overlap share memory (the program is compiled again without the running total's check),
+    a Fold's two steps keeping their buffers apart where that fits too."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:
@@ -857,15 +871,18 @@ def generate(term: Term, target: Target) -> Program:
         overflow = exc
     cg = Codegen(target, bounded=False)
     try:
-        program = share_memory(_generate(term, cg), cg.buffers)
+        program = _generate(term, cg)
+        plans = [share_memory(program, cg.buffers, cg.double), share_memory(program, cg.buffers)]
     except (CodegenError, PlanError):
         raise overflow from None
-    for space, mem in target.memories.items():
-        need = program.memory_sizes.get(space, 0) * 4
-        if need > mem.capacity:
-            raise CapacityError(f"{space} overflow: the program needs {need} bytes with buffers sharing memory by "
-                                f"lifetime, capacity {mem.capacity}")
-    return program
+    need = {}
+    for program in plans:
+        need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
+        if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
+            return program
+    space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)
+    raise CapacityError(f"{space} overflow: the program needs {need[space]} bytes with buffers sharing memory by "
+                        f"lifetime, capacity {target.memories[space].capacity}")
 
 
 def _generate(term: Term, cg: Codegen) -> Program:

@@ -34,17 +34,20 @@ class _Lifetime:
     loops: set[int]
 
 
-def lifetimes(program: Program, buffers: list[Buffer]) -> dict[Buffer, tuple[int, int]]:
+def lifetimes(program: Program, buffers: list[Buffer],
+              spans: dict[Buffer, int] | None = None) -> dict[Buffer, tuple[int, int]]:
     """The live range, in instruction positions (setup first, then the body), of each region
     the program accesses: a buffer, or adjacent buffers one operand reaches across (a whole
     vector written into a shorter row at a buffer's end) and that so move together. A region
     used inside a loop and outside it is live over the whole loop; one the setup writes (a
-    pinned constant) is live over the whole program."""
+    pinned constant) is live over the whole program; one with a buffer in `spans` is live over
+    the whole loop of the variable it maps to (a Fold's double buffers)."""
     order = sorted(buffers, key=lambda b: (b.space, b.start))
     keys = [(b.space, b.start) for b in order]
     spaces = {b.space for b in order}
     accesses: list[tuple[int, int, int, tuple[int, ...]]] = []
     loops: dict[int, tuple[int, int]] = {}
+    by_var: dict[int, int] = {}
     pos = 0
 
     def visit(op: Operand, stack: tuple[tuple[int, int, int], ...]) -> None:
@@ -62,6 +65,7 @@ def lifetimes(program: Program, buffers: list[Buffer]) -> dict[Buffer, tuple[int
             if isinstance(item, Loop):
                 lid, begin = len(loops), pos
                 loops[lid] = (begin, begin)
+                by_var[item.var] = lid
                 walk(item.body, (*stack, (lid, item.var, item.count)))
                 loops[lid] = (begin, max(begin, pos - 1))
             else:
@@ -86,8 +90,11 @@ def lifetimes(program: Program, buffers: list[Buffer]) -> dict[Buffer, tuple[int
         life.first, life.last = min(life.first, at), max(life.last, at)
         life.loops.update(stack)
     out = {}
+    spanned = {group[k]: by_var[spans[b]] for k, b in enumerate(order) if spans and b in spans and spans[b] in by_var}
     for g, life in seen.items():
         first, last = (0, pos - 1) if life.first < setup_end else (life.first, life.last)
+        if g in spanned:
+            first, last = min(first, loops[spanned[g]][0]), max(last, loops[spanned[g]][1])
         changed = True
         while changed:
             changed = False
@@ -113,10 +120,11 @@ def _extent(op: Operand, counts: dict[int, int]) -> tuple[int, int]:
     return lo, hi + (op.rows - 1) * op.stride + op.cols
 
 
-def place(program: Program, buffers: list[Buffer]) -> tuple[dict[Buffer, int], dict[str, int]]:
+def place(program: Program, buffers: list[Buffer],
+          spans: dict[Buffer, int] | None = None) -> tuple[dict[Buffer, int], dict[str, int]]:
     """A new start for every region the program accesses such that regions live at the same time
     do not overlap (first fit, in order of first use), and the memory each space then needs."""
-    live = lifetimes(program, buffers)
+    live = lifetimes(program, buffers, spans)
     placed: dict[str, list[tuple[int, int, int, int]]] = {}
     where: dict[Buffer, int] = {}
     needs: dict[str, int] = {b.space: 0 for b in buffers}
@@ -154,6 +162,7 @@ def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) 
     return replace(program, setup=block(program.setup), body=block(program.body), memory_sizes=sizes)
 
 
-def share_memory(program: Program, buffers: list[Buffer]) -> Program:
-    """The program with regions whose lifetimes do not overlap sharing memory."""
-    return relocate(program, *place(program, buffers))
+def share_memory(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | None = None) -> Program:
+    """The program with regions whose lifetimes do not overlap sharing memory (`spans`: see
+    `lifetimes`)."""
+    return relocate(program, *place(program, buffers, spans))
