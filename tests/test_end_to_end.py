@@ -213,6 +213,23 @@ def test_a_contraction_too_long_for_the_chip_is_streamed_through_a_fold():
     assert not any(t.op == "Fold" for t in roomy.term.walk())   # the products fit: no Fold is offered
 
 
+def test_a_folds_steps_are_double_buffered_where_memory_allows():
+    """The streamed contraction above with room for one weight tile: the two steps per trip of
+    its Fold share that tile's memory (each load waits for the other step's read); with room for
+    two they keep one each, and the same program runs faster."""
+    base = get_target("brainwave", 32)
+    runs = {}
+    for tiles in (1, 2):
+        mems = dict(base.memories)
+        mems["bw.vrf"] = dataclasses.replace(mems["bw.vrf"], capacity=16 * 32 * 4)
+        mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=tiles * 32 * 32 * 4)
+        runs[tiles] = optimize(["MatMul(1024, 32)"], (2, 1024), target=dataclasses.replace(base, memories=mems))
+        _check_accuracy(runs[tiles], (2, 32))
+        assert runs[tiles].program.memory_sizes["bw.mrf"] == tiles * 32 * 32
+    assert runs[1].term == runs[2].term
+    assert runs[2].cycles < 0.6 * runs[1].cycles
+
+
 def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monkeypatch):
     """Five 32x32 weights of one tile each and a matrix register file of four tiles: each weight
     fits in any share extraction is retried with (a quarter), but pinned together at setup they

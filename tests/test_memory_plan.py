@@ -76,3 +76,18 @@ def test_an_operand_outside_every_buffer_is_a_plan_error():
     bad = program([], [ins(op(4, 8), op(0))], 12)
     with pytest.raises(PlanError, match="outside the buffers"):
         lifetimes(bad, [Buffer(S, 0, 4), Buffer(S, 4, 4)])
+
+
+def test_a_folds_two_steps_keep_their_buffers_apart():
+    """A Fold's loop runs two steps per trip, each loading into a buffer of its own: sharing by
+    lifetime would put the second step's buffer where the first's was (each is dead before the
+    other is written), so the next trip's first load would wait for the second step's read. Named
+    in `spans`, both live over the whole trip and stay apart."""
+    first, second = Buffer(S, 0, 4), Buffer(S, 4, 4)
+    trip = Loop(0, 3, [ins(op(0), op(0)), ins(op(0), op(0)), ins(op(4), op(4)), ins(op(4), op(4))])
+    steps = program([], [trip], 8)
+    assert lifetimes(steps, [first, second]) == {first: (0, 1), second: (2, 3)}
+    assert share_memory(steps, [first, second]).memory_sizes[S] == 4
+    spans = {first: 0, second: 0}
+    assert lifetimes(steps, [first, second], spans) == {first: (0, 3), second: (0, 3)}
+    assert share_memory(steps, [first, second], spans).memory_sizes[S] == 8
