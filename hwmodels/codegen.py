@@ -260,9 +260,12 @@ class Codegen:
         self.data_cache: dict[Term, object] = {}
         #: contiguous host layouts of strided host views, by the viewed expression
         self.host_copies: dict[Term, Buf] = {}
-        #: buffers of a Fold's two steps per trip, by the trip loop's variable: kept apart by
-        #: memory sharing, so that one step's loads fill while the other step works
+        #: buffers of a Fold's two steps per trip, by the innermost trip loop's variable: kept
+        #: apart by memory sharing, so that one step's loads fill while the other step works
         self.double: dict[Buffer, int] = {}
+        #: the trip loops of Folds with a Fold in their steps, and the trips being compiled
+        self.outer_trips: set[int] = set()
+        self.trips: list[int] = []
         self.shared: dict[tuple[Term, object], object] = {}
 
     # ------------------------------------------------------------ memory
@@ -571,14 +574,15 @@ class Codegen:
     def snapshot(self) -> tuple:
         """The compilation state, to go back to when an attempt does not fit."""
         return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
-                dict(self.data_cache), dict(self.host_copies), dict(self.double), dict(self.shared), len(self.buffers))
+                dict(self.data_cache), dict(self.host_copies), dict(self.double), set(self.outer_trips), dict(self.shared),
+                len(self.buffers))
 
     def restore(self, saved: tuple) -> None:
         """Forget everything compiled since `saved` was taken (within the same block); the same
         snapshot may be restored again."""
-        alloc, hosts, setups, instrs, self.nvars, cache, copies, double, shared, buffers = saved
+        alloc, hosts, setups, instrs, self.nvars, cache, copies, double, outer, shared, buffers = saved
         self.alloc, self.data_cache, self.host_copies, self.shared = dict(alloc), dict(cache), dict(copies), dict(shared)
-        self.double = dict(double)
+        self.double, self.outer_trips = dict(double), set(outer)
         del self.host[hosts:], self.setup[setups:], self.block[instrs:], self.buffers[buffers:]
 
     def stream_out(self, m: Term, v: object) -> object:
@@ -685,16 +689,23 @@ class Codegen:
         state = self.fold_step(step, PairV(init, _index(xs, Affine(0))), first)
         looped = n if dest is None else n - 1  # steps into the two state buffers
         pairs, odd = divmod(looped - 1, 2)
-
-        trip = self.nvars  # the variable of the loop over pairs of steps
+        trip = self.nvars if pairs > 1 else None  # the variable of the loop over pairs of steps
 
         def two(j: Affine) -> None:
             i = j.scaled(2) + 1
-            before = len(self.buffers)
-            mid = self.fold_step(step, PairV(state, _index(xs, i)), second)
-            if self.fold_step(step, PairV(mid, _index(xs, i + 1)), first) != state:
-                raise CodegenError("a Fold step does not return its state in the layout it reads")
-            self.double.update(dict.fromkeys(self.buffers[before:], trip))
+            before, trips = len(self.buffers), list(self.trips)
+            if trip is not None:
+                self.outer_trips.update(self.trips[-1:])
+                self.trips.append(trip)
+            try:
+                mid = self.fold_step(step, PairV(state, _index(xs, i)), second)
+                if self.fold_step(step, PairV(mid, _index(xs, i + 1)), first) != state:
+                    raise CodegenError("a Fold step does not return its state in the layout it reads")
+            finally:
+                self.trips = trips
+            if trip is not None:
+                for b in self.buffers[before:]:
+                    self.double.setdefault(b, trip)
 
         if pairs:
             self.loop(pairs, two)
@@ -862,7 +873,8 @@ def generate(term: Term, target: Target) -> Program:
     """Compile an extracted program term (App(F, input)) into a program for the target. Every
     buffer gets memory of its own; when they do not all fit, buffers whose lifetimes do not
     overlap share memory (the program is compiled again without the running total's check),
-    a Fold's two steps keeping their buffers apart where that fits too."""
+    a Fold's two steps keeping their buffers apart where that fits too (else only those of the
+    innermost Folds)."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:
@@ -872,7 +884,8 @@ def generate(term: Term, target: Target) -> Program:
     cg = Codegen(target, bounded=False)
     try:
         program = _generate(term, cg)
-        plans = [share_memory(program, cg.buffers, cg.double), share_memory(program, cg.buffers)]
+        inner = {b: t for b, t in cg.double.items() if t not in cg.outer_trips}
+        plans = [share_memory(program, cg.buffers, spans) for spans in (cg.double, inner, {})]
     except (CodegenError, PlanError):
         raise overflow from None
     need = {}
