@@ -132,7 +132,7 @@ def dag_cost(term: Term, model: CostModel) -> tuple[float, ...]:
     sub-term, the same input as code generation sees it, the same multiplicity) paid once;
     all-INF when the target cannot run some part of it."""
     ids: dict[str, int] = {}
-    seen: set[tuple[int, tuple, float]] = set()
+    seen: set[tuple[int, tuple, float, int]] = set()
     total: list[float] | None = None
     stack: list[tuple[Term, tuple, float, int]] = [(term, (), 1.0, 1)]
     while stack:
