@@ -883,16 +883,19 @@ def generate(term: Term, target: Target) -> Program:
         overflow = exc
     cg = Codegen(target, bounded=False)
     try:
-        program = _generate(term, cg)
+        laid_out = _generate(term, cg)
         inner = {b: t for b, t in cg.double.items() if t not in cg.outer_trips}
-        plans = [share_memory(program, cg.buffers, spans) for spans in (cg.double, inner, {})]
+        tries: list[dict[Buffer, int]] = []
+        for spans in (cg.double, inner, {}):  # distinct plans, placed one at a time until one fits
+            if spans not in tries:
+                tries.append(spans)
+        for spans in tries:
+            program = share_memory(laid_out, cg.buffers, spans)
+            need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
+            if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
+                return program
     except (CodegenError, PlanError):
         raise overflow from None
-    need = {}
-    for program in plans:
-        need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
-        if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
-            return program
     space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)
     raise CapacityError(f"{space} overflow: the program needs {need[space]} bytes with buffers sharing memory by "
                         f"lifetime, capacity {target.memories[space].capacity}")

@@ -28,6 +28,7 @@ UNITS = ("dma", "mvu", "mfu", "issue")
 #: by how many buffers its body's loads get (`CycleCost.settled`); then `cold`, how many of the
 #: op units' cycles are loads' waits that only a load's first run pays (`CycleCost.counted`)
 COMPONENTS = UNITS + ("chain", "dma_wait", "cold")
+_DMA, _DMA_WAIT = COMPONENTS.index("dma"), COMPONENTS.index("dma_wait")
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
 #: the units that can load an on-chip memory
@@ -237,9 +238,9 @@ class CycleCost:
         """local + sum of scaled children; NEVER when the node or any child cannot run."""
         if any(self.scalar(k) == INF for k in kids):
             return NEVER
-        total = self.local(op, args)
+        total, buffers = self.local(op, args), self.buffers(op)
         for k, s in zip(kids, self.scales(op, args, len(kids))):
-            total = tuple(map(operator.add, total, self.counted(k, s, self.buffers(op))))
+            total = tuple(map(operator.add, total, self.counted(k, s, buffers)))
         return total
 
     def settled(self, c: Cost, buffers: int) -> Cost:
@@ -250,11 +251,10 @@ class CycleCost:
         a Fold's steps waiting for each other through the state, which a cost linear per e-node
         cannot follow (halving it, as two buffers would, took LSTM(256) over 150 steps on
         brainwave from 1.13 to 0.84 of the simulated cycles)."""
-        i, j = COMPONENTS.index("dma"), COMPONENTS.index("dma_wait")
         out = list(c)
         if buffers == 1:
-            out[i] += c[j]
-        out[j] = 0.0
+            out[_DMA] += c[_DMA_WAIT]
+        out[_DMA_WAIT] = 0.0
         return tuple(out)
 
     def counted(self, c: Cost, m: float, buffers: int | None = None) -> Cost:
@@ -368,5 +368,6 @@ class CycleCost:
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled), or the chain when longer;
-        the loads outside every loop run once."""
-        return max(self.settled(c, 1)[:COMPONENTS.index("dma_wait")])
+        the loads outside every loop run once (the DMA's waits settled with one buffer, as
+        `settled` does, inlined: extraction calls this for every e-node)."""
+        return max(c[_DMA] + c[_DMA_WAIT], *c[_DMA + 1:_DMA_WAIT])
