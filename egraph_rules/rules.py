@@ -79,7 +79,9 @@ def tail_chain(root: str, parts: list[str], tail: str, rel: str) -> str:
 
 def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None, subsume: bool = False) -> str:
     """An egglog rewrite in the ruleset of its level; a subsuming one hides its left-hand side
-    from further matching and from extraction (for rewrites to a canonical form)."""
+    from further matching (for rewrites to a canonical form). Extraction still sees it: egglog
+    serializes subsumed e-nodes, and some e-classes hold only those (two Comp classes of a GRU
+    on systolic), so dropping them would leave e-classes with nothing to extract."""
     cond = f" :when ({' '.join(when)})" if when else ""
     sub = " :subsume" if subsume else ""
     return f"(rewrite {lhs} {rhs}{cond}{sub} :ruleset {level})"

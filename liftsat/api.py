@@ -259,18 +259,26 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     its memory, but codegen lays out all live values together, so a program may still overflow:
     then the next cheapest that codegen lays out is taken; when none does and some overflowed,
     extraction is retried with less room per value, then with a budget for the pinned constants
-    together, then with none pinned (`ROOM`). The programs codegen could not lay out are listed
+    together, then with none pinned (`ROOM`); once less room per value leaves no program at all,
+    the later retries keep the last room that had one. The programs codegen could not lay out are listed
     in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     result, unbuildable = None, []
-    for room, pinned, budget in ROOM:
+    least, last, tried = 0.0, ROOM[0][0], set()
+    for stage in ROOM:
+        room, pinned, budget = max(stage[0], least), stage[1], stage[2]
+        if (room, pinned, budget) in tried:
+            continue
+        tried.add((room, pinned, budget))
         cost_target = replace(target, value_room=room, pinned_room=pinned)
         try:
             found = _extract_within(graph, cost_target, extractor, time_limit, budget)
         except NoProgramError:
-            if (room, pinned, budget) == ROOM[0]:
+            if stage == ROOM[0]:
                 raise
-            break  # with less room there is no program at all: report why the others overflowed
+            least = last  # a GRU(1536) step on systolic: no program at a quarter, but its biases pin within a budget
+            continue
+        last = room
         if found is None:
             continue  # the pinned constants fit the budget already: the stage before tried this
         best, seconds, unpinned = found
