@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
-from hwmodels.memory_plan import Buffer, PlanError, share_memory
+from hwmodels.memory_plan import Buffer, PlanError, innermost, share_memory
 from hwmodels.target import OpSpec, Target
 
 
@@ -263,9 +263,6 @@ class Codegen:
         #: buffers of a Fold's two steps per trip, by the innermost trip loop's variable: kept
         #: apart by memory sharing, so that one step's loads fill while the other step works
         self.double: dict[Buffer, int] = {}
-        #: the trip loops of Folds with a Fold in their steps, and the trips being compiled
-        self.outer_trips: set[int] = set()
-        self.trips: list[int] = []
         self.shared: dict[tuple[Term, object], object] = {}
 
     # ------------------------------------------------------------ memory
@@ -574,15 +571,15 @@ class Codegen:
     def snapshot(self) -> tuple:
         """The compilation state, to go back to when an attempt does not fit."""
         return (dict(self.alloc), len(self.host), len(self.setup), len(self.block), self.nvars,
-                dict(self.data_cache), dict(self.host_copies), dict(self.double), set(self.outer_trips), dict(self.shared),
+                dict(self.data_cache), dict(self.host_copies), dict(self.double), dict(self.shared),
                 len(self.buffers))
 
     def restore(self, saved: tuple) -> None:
         """Forget everything compiled since `saved` was taken (within the same block); the same
         snapshot may be restored again."""
-        alloc, hosts, setups, instrs, self.nvars, cache, copies, double, outer, shared, buffers = saved
+        alloc, hosts, setups, instrs, self.nvars, cache, copies, double, shared, buffers = saved
         self.alloc, self.data_cache, self.host_copies, self.shared = dict(alloc), dict(cache), dict(copies), dict(shared)
-        self.double, self.outer_trips = dict(double), set(outer)
+        self.double = dict(double)
         del self.host[hosts:], self.setup[setups:], self.block[instrs:], self.buffers[buffers:]
 
     def stream_out(self, m: Term, v: object) -> object:
@@ -693,16 +690,10 @@ class Codegen:
 
         def two(j: Affine) -> None:
             i = j.scaled(2) + 1
-            before, trips = len(self.buffers), list(self.trips)
-            if trip is not None:
-                self.outer_trips.update(self.trips[-1:])
-                self.trips.append(trip)
-            try:
-                mid = self.fold_step(step, PairV(state, _index(xs, i)), second)
-                if self.fold_step(step, PairV(mid, _index(xs, i + 1)), first) != state:
-                    raise CodegenError("a Fold step does not return its state in the layout it reads")
-            finally:
-                self.trips = trips
+            before = len(self.buffers)
+            mid = self.fold_step(step, PairV(state, _index(xs, i)), second)
+            if self.fold_step(step, PairV(mid, _index(xs, i + 1)), first) != state:
+                raise CodegenError("a Fold step does not return its state in the layout it reads")
             if trip is not None:
                 for b in self.buffers[before:]:
                     self.double.setdefault(b, trip)
@@ -884,7 +875,7 @@ def generate(term: Term, target: Target) -> Program:
     cg = Codegen(target, bounded=False)
     try:
         laid_out = _generate(term, cg)
-        inner = {b: t for b, t in cg.double.items() if t not in cg.outer_trips}
+        inner = innermost(laid_out, cg.double)
         tries: list[dict[Buffer, int]] = []
         for spans in (cg.double, inner, {}):  # distinct plans, placed one at a time until one fits
             if spans not in tries:

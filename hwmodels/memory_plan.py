@@ -106,6 +106,24 @@ def lifetimes(program: Program, buffers: list[Buffer],
     return out
 
 
+def innermost(program: Program, spans: dict[Buffer, int]) -> dict[Buffer, int]:
+    """The part of `spans` (buffers by a loop variable, see `lifetimes`) whose loops hold no
+    loop of another variable of `spans`: the innermost Folds' double buffers."""
+    variables, outer = set(spans.values()), set()
+
+    def walk(block: Block, around: tuple[int, ...]) -> None:
+        for item in block:
+            if isinstance(item, Loop):
+                mine = item.var in variables
+                if mine:
+                    outer.update(around)
+                walk(item.body, (*around, item.var) if mine else around)
+
+    walk(program.setup, ())
+    walk(program.body, ())
+    return {b: var for b, var in spans.items() if var not in outer}
+
+
 def _holder(keys: list[tuple[str, int]], space: str, addr: int) -> int:
     """The index of the last (space, start) in sorted keys at or before addr of space."""
     return bisect.bisect_right(keys, (space, addr)) - 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
-from hwmodels.memory_plan import Buffer, PlanError, lifetimes, place, share_memory
+from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, place, share_memory
 
 S = "chip"
 
@@ -50,6 +50,19 @@ def test_placement_reuses_the_memory_of_dead_buffers_only():
             if overlap_in_time:
                 assert spans[a][1] <= spans[b][0] or spans[b][1] <= spans[a][0]
     assert needs[S] == 20
+
+
+def test_innermost_keeps_the_spans_of_loops_that_hold_no_other_spanned_loop():
+    """Loop 1 (a Fold's trips) holds loop 2 (a nested Fold's) and, beside it, loop 3 (not a
+    Fold's); loop 4 follows them. Where loop 2 is spanned, loop 1's buffer loses its span; where
+    only loop 3 is, loop 1 holds it, so loop 1 is not innermost either."""
+    inner = Loop(2, 2, [ins(op(8), op(0))])
+    other = Loop(3, 2, [ins(op(12), op(0))])
+    prog = program([], [Loop(1, 2, [inner, other, ins(op(4), op(8))]), Loop(4, 2, [ins(op(20), op(0))])], 24)
+    spans = {BEFORE: 1, TEMP: 2, AFTER: 4}
+    assert innermost(prog, spans) == {TEMP: 2, AFTER: 4}
+    assert innermost(prog, {BEFORE: 1, ROWS: 3}) == {ROWS: 3}
+    assert innermost(prog, {BEFORE: 1, AFTER: 4}) == {BEFORE: 1, AFTER: 4}
 
 
 def test_share_memory_moves_every_operand_with_its_buffer():
