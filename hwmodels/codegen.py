@@ -865,7 +865,8 @@ def generate(term: Term, target: Target) -> Program:
     buffer gets memory of its own; when they do not all fit, buffers whose lifetimes do not
     overlap share memory (the program is compiled again without the running total's check),
     a Fold's two steps keeping their buffers apart where that fits too (else only those of the
-    innermost Folds)."""
+    innermost Folds, else none), placed in order of first use; where none of those fits, the
+    same plans placed largest first."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:
@@ -880,11 +881,12 @@ def generate(term: Term, target: Target) -> Program:
         for spans in (cg.double, inner, {}):  # distinct plans, placed one at a time until one fits
             if spans not in tries:
                 tries.append(spans)
-        for spans in tries:
-            program = share_memory(laid_out, cg.buffers, spans)
-            need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
-            if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
-                return program
+        for largest_first in (False, True):
+            for spans in tries:
+                program = share_memory(laid_out, cg.buffers, spans, largest_first)
+                need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
+                if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
+                    return program
     except (CodegenError, PlanError):
         raise overflow from None
     space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)

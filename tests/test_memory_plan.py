@@ -65,6 +65,26 @@ def test_innermost_keeps_the_spans_of_loops_that_hold_no_other_spanned_loop():
     assert innermost(prog, {BEFORE: 1, AFTER: 4}) == {BEFORE: 1, AFTER: 4}
 
 
+def test_largest_first_leaves_no_gap_a_small_buffer_splits():
+    """Four 4-element buffers and a 1-element one live while the second is: placed in order of
+    first use, the small one lands after the first big one, and the big ones no longer fall on
+    4-element slots (13 elements); placed largest first they take the live peak, 12."""
+    x, small, y, z, w = Buffer(S, 0, 4), Buffer(S, 4, 1), Buffer(S, 5, 4), Buffer(S, 9, 4), Buffer(S, 13, 4)
+    prog = program([], [ins(op(0)), ins(op(5), op(4, 1)), ins(op(5), op(0)), ins(op(9), op(5), op(13)),
+                        ins(op(13), op(9))], 17)
+    buffers = [x, small, y, z, w]
+    live = lifetimes(prog, buffers)
+    assert (live[x], live[small], live[y], live[z], live[w]) == ((0, 2), (1, 1), (1, 3), (3, 4), (3, 4))
+    assert place(prog, buffers)[1][S] == 13
+    where, needs = place(prog, buffers, largest_first=True)
+    assert needs[S] == 12 == max(sum(b.size for b in buffers if live[b][0] <= t <= live[b][1]) for t in range(5))
+    for a in buffers:
+        for b in buffers:
+            if a != b and live[a][0] <= live[b][1] and live[b][0] <= live[a][1]:
+                assert where[a] + a.size <= where[b] or where[b] + b.size <= where[a]
+    assert share_memory(prog, buffers, largest_first=True).memory_sizes[S] == 12
+
+
 def test_share_memory_moves_every_operand_with_its_buffer():
     moved = share_memory(PROGRAM, [PINNED, BEFORE, TEMP, ROWS, AFTER])
     assert moved.memory_sizes[S] == 20
