@@ -260,8 +260,8 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     then the next cheapest that codegen lays out is taken; when none does and some overflowed,
     extraction is retried with less room per value, then with a budget for the pinned constants
     together, then with none pinned (`ROOM`); once less room per value leaves no program at all,
-    the later retries keep the last room that had one. The programs codegen could not lay out are listed
-    in `unbuildable` with the reason."""
+    the later retries keep the last room that had one. The programs codegen could not lay out
+    are listed in `unbuildable` with the reason."""
     graph = shared.saturate(target)
     result, unbuildable = None, []
     least, last, tried = 0.0, ROOM[0][0], set()
