@@ -302,6 +302,29 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
 # ---------------------------------------------------------------- data movement
 
 
+# a reduction's operator that moves both operands, marked from the moving fork up its stages
+# (tail_chain), so that rules matching it walk only those chains
+REDUCE_TAILS = [tail_walk("reducetail", HOIST_DEPTH + 1)] + [
+    f"(rule ((= f (Fork {side.format(x='(Fst (TP a a))')} {side.format(x='(Snd (TP a a))')}))) ((reducetail f 0)) "
+    ":ruleset analysis)" for side in ("(Comp (ToChip sp a) {x})", "(Comp h (Comp (ToChip sp a) {x}))")]
+
+
+def _reduce_operand_moves() -> list[tuple[str, str, str]]:
+    """(query, operator without the moves, operator moving only Snd) for a Reduce e whose
+    operator op, into memory sp, moves both operands of type a at most HOIST_DEPTH stages
+    before its end (h: a stage after the move, or none)."""
+    out = []
+    for before, after in (("(Comp (ToChip sp a) {x})", "{x}"), ("(Comp h (Comp (ToChip sp a) {x}))", "(Comp h {x})")):
+        fst, snd = "(Fst (TP a a))", "(Snd (TP a a))"
+        both = f"(Fork {before.format(x=fst)} {before.format(x=snd)})"
+        for depth in range(1, HOIST_DEPTH + 2):
+            prefix = [f"p{i}" for i in range(depth)]
+            out.append((f"(= e (Reduce op (TA a n))) {tail_chain('op', prefix, both, 'reducetail')} (inspace op sp)",
+                        chain(prefix, f"(Fork {after.format(x=fst)} {after.format(x=snd)})"),
+                        chain(prefix, f"(Fork {after.format(x=fst)} {before.format(x=snd)})")))
+    return out
+
+
 def _movement() -> list[Rule]:
     a = "algorithmic"
 
@@ -396,15 +419,8 @@ def _movement() -> list[Rule]:
         return T("Map", body, m)
 
     prefixes = [[f"p{i}" for i in range(depth)] for depth in range(1, HOIST_DEPTH + 2)]
-    # matched only along stages marked as leading to an operand-moving fork (tail_chain)
-    from_reduce = [tail_walk("reducetail", HOIST_DEPTH + 1)]
-    for before, after in (("(Comp (ToChip sp a) {x})", "{x}"), ("(Comp h (Comp (ToChip sp a) {x}))", "(Comp h {x})")):
-        forks = [f"(Fork {side.format(x='(Fst (TP a a))')} {side.format(x='(Snd (TP a a))')})" for side in (before, after)]
-        from_reduce.append(f"(rule ((= f {forks[0]})) ((reducetail f 0)) :ruleset analysis)")
-        for prefix in prefixes:
-            from_reduce.append(
-                f"(rule ((= e (Reduce op (TA a n))) {tail_chain('op', prefix, forks[0], 'reducetail')} (inspace op sp)) "
-                f"((union e (Comp (Reduce {chain(prefix, forks[1])} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})")
+    from_reduce = [f"(rule ({match}) ((union e (Comp (Reduce {both_moved} (TA a n)) (ToChip sp (TA a n))))) :ruleset {a})"
+                   for match, both_moved, _ in _reduce_operand_moves()]
     # a Fold's step moving the state it reads: the state stays where the step leaves it, so only
     # the initial state needs the move. Matched only along the stages of Fold steps (foldstage,
     # marked from each Fold down its step's chain): marking up from every such Fork, as for
@@ -528,7 +544,7 @@ def _movement() -> list[Rule]:
         Rule("tochip-through-zip", a, tuple(through), "none",
              "moving each element's part after Zip/DistR = moving the whole array before it (DistR: once)",
              ex_through_zip, ex_through_distr),
-        Rule("tochip-hoist-from-reduce", a, tuple(from_reduce),
+        Rule("tochip-hoist-from-reduce", a, tuple(REDUCE_TAILS + from_reduce),
              f"the operator's output stays in that memory; at most {HOIST_DEPTH + 1} stages after the operands",
              "Reduce(f . Fork(h . ToChip . Fst, h . ToChip . Snd)) = Reduce(f . Fork(h . Fst, h . Snd)) . ToChip "
              "(h may be absent): a reduction whose operator moves both operands = the reduction over the moved "
@@ -633,7 +649,66 @@ def _im2col() -> list[Rule]:
 def common_algorithmic_rules() -> list[Rule]:
     """Lift's structural rules, the layout algebra, and the data-movement, stacking and im2col
     rules: the same for every target."""
-    return _structural() + layout_algebra_rules() + _movement() + _stacking() + _im2col()
+    return (_structural() + layout_algebra_rules() + _movement() + [_map_reduce_interchange_moved()] + _stacking()
+            + _im2col())
+
+
+def _reduce_accumulator_on_chip(resident: int) -> Rule:
+    """A reduction whose operator moves both operands on chip, as a Fold from the first element
+    moved, each step moving only the element it adds; for arrays of matrices of more than half of
+    `resident` elements, which a move of the whole array before the reduction leaves too little
+    room for. Unguarded, it took a GEMM's saturation on cpu (1024x700x512) from 1.2 s to 3.5 s
+    (47 Folds); each variant's query costs time even where it never matches (vectors too: 1.6 s)."""
+    a = "algorithmic"
+    half = resident // 2
+
+    def moved(op: Term, t: Term) -> Term:
+        """op with both operands moved to "mem", its result left there."""
+        p = tp(t, t)
+        return comp(T("ToChip", "mem", t), op, T("Fork", *(comp(T("ToChip", "mem", t), T(x, p)) for x in ("Fst", "Snd"))))
+
+    def ex_rows(rng):
+        k, rows = pick(rng, 1, 3), pick(rng, 1, 3)
+        row_max = comp(T("Map", T("VVMax", tp(vec(k), vec(k))), rows), T("Zip", tp(mat(rows, k), mat(rows, k))))
+        return T("Reduce", moved(row_max, mat(rows, k)), T("TA", mat(rows, k), half // (k * rows) + pick(rng, 1, 3)))
+
+    first = "(Fork (Comp (ToChip sp a) (Comp (Join (TA a 1)) (Slice 0 1 (TA a n)))) (Slice 1 (- n 1) (TA a n)))"
+    rules = [f"(rule ({match} (= a (TA (TA (TS d) k) r)) (> (* n (* k r)) {half})) "
+             f"((union e (Comp (Fold {only_snd} (TP a (TA a (- n 1)))) {first}))) :ruleset {a})"
+             for match, _, only_snd in _reduce_operand_moves()]
+    return Rule("reduce-accumulator-on-chip", a, tuple(REDUCE_TAILS + rules),
+                f"the operator's output stays in that memory; the operands are matrices of scalars (a pooled row's "
+                f"channel vectors), n of them more than {half} elements in all; at most {HOIST_DEPTH + 1} stages "
+                f"after the operands",
+                "Reduce(f . Fork(h . ToChip . Fst, h . ToChip . Snd)) = Fold(f . Fork(h . Fst, h . ToChip . Snd)) . "
+                "Fork(ToChip . x[0], x[1:]) (h may be absent): the accumulator stays on chip and each step moves "
+                "only the element it adds (Lift's reduceSeq with its accumulator in private memory)",
+                ex_rows)
+
+
+def _map_reduce_interchange_moved() -> Rule:
+    """Lift's mapReduceInterchange at any length, for reductions whose operator moves both
+    operands on chip (the windows of a max pool over the stack's input): m reductions become one
+    whose every step is m operations, so that the steps hide the operator's latency (VTA's ALU:
+    48 cycles). Its moves then leave the loop and the rows are moved in the order the steps read
+    them (tochip-hoist-from-map, -through-zip, -from-reduce). Of reductions over values already
+    on chip, only tiles of the native size interchange (map-reduce-interchange/N): at any length,
+    a pool's steps read rows of windows moved window by window, so each row's first step waited
+    for all its moves, and programs that ran faster tied in the cost model with it."""
+    a = "algorithmic"
+
+    def ex_windows(rng):
+        k, n, m = pick(rng, 1, 3), pick(rng, 2, 4), pick(rng, 1, 4)
+        p = tp(vec(k), vec(k))
+        moves = T("Fork", *(comp(T("ToChip", "mem", vec(k)), T(x, p)) for x in ("Fst", "Snd")))
+        return T("Map", T("Reduce", comp(T("VVMax", p), moves), T("TA", vec(k), n)), m)
+
+    return Rule("map-reduce-interchange-moved", a, tuple(REDUCE_TAILS) + (
+        f"(rule ((= e (Map (Reduce f (TA x n)) m)) (reducetail f k)) ((union e (Comp (Reduce (Comp (Map f m) "
+        f"(Zip (TP (TA x m) (TA x m)))) (TA (TA x m) n)) (Transpose (TA (TA x n) m))))) :ruleset {a})",),
+                f"the operator moves both operands, at most {HOIST_DEPTH + 1} stages before its end",
+                "Map (Reduce f) = Reduce (Map f . Zip) . Transpose, any length m: m reductions of moved operands "
+                "become one reduction of m-element rows (Lift's mapReduceInterchange)", ex_windows)
 
 
 def _reduce_map_to_fold(resident: int) -> Rule:
@@ -667,12 +742,12 @@ def _reduce_map_to_fold(resident: int) -> Rule:
 
 def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
     """Tiling rules and the tiled algebra for each tile size, and reductions streamed when their
-    vectors do not fit together; `resident` is how many result elements, and `pinnable` how many
-    weight elements, the target can hold on chip at once."""
+    vectors or moved operands do not fit together; `resident` is how many result elements, and
+    `pinnable` how many weight elements, the target can hold on chip at once."""
     rules: list[Rule] = tiled_algebra_rules(tile_sizes)
     for n in sorted(set(tile_sizes)):
         rules += _tiling(n, resident, pinnable) + [_merge_row_blocks(n)]
-    rules.append(_reduce_map_to_fold(resident))
+    rules += [_reduce_map_to_fold(resident), _reduce_accumulator_on_chip(resident)]
     return rules
 
 

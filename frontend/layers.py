@@ -474,7 +474,7 @@ def _image_layer(b: _Builder, s: Stages, key: str, spec: LayerSpec, ref: np.ndar
             scale = T("Var", f"scale{key}", ta(b.s, c))
             if b.rng is not None:
                 b.env[f"scale{key}"] = np.full(c, 1 / (win.kernel[0] * win.kernel[1]), np.float32)
-        pool(s, win, kind, scale)
+        pool(s, win, kind, scale, flat=not computed)
         return pool_reference(ref, win, kind) if ref is not None else None
     o, (kh, kw) = p["out_channels"], win.kernel
     _check_size(f"{where}: the im2col matrix", oh * ow, kh * kw * c)

@@ -171,16 +171,22 @@ def depthwise_conv(s: Stages, win: Window, w: Term, b: Term | None) -> Stages:
     return s.then(lifted(s.t, 2, lambda e: per))
 
 
-def pool(s: Stages, win: Window, kind: str, scale: Term | None) -> Stages:
-    """Max or average pooling: each window's [C] vectors reduced with VVMax or VVAdd (rows of the
-    window first, then the row results); the average multiplies the sum by `scale` (1/taps).
-    Max pooling pads with -inf, as PyTorch does (average pooling counts zeros)."""
+def pool(s: Stages, win: Window, kind: str, scale: Term | None, flat: bool) -> Stages:
+    """Max or average pooling: each window's [C] vectors reduced with VVMax or VVAdd; the average
+    multiplies the sum by `scale` (1/taps). Max pooling pads with -inf, as PyTorch does (average
+    pooling counts zeros). A `flat` window (of the stack's input, which the host lays out) is
+    flattened and reduced once, so that map-reduce-interchange can make each step a row of
+    windows; otherwise (a view of an image computed on chip, whose taps no strided view can
+    flatten) its rows are reduced first, then the row results."""
     windows(s, win, -math.inf if kind == "max" else 0.0)
     win_t = s.t.args[0].args[0]
     kh, kw, _ = shape_of(win_t)
     vec = win_t.args[0].args[0]
     op = T("VVMax" if kind == "max" else "VVAdd", tp(vec, vec))
-    per = T("Comp", T("Reduce", op, ta(vec, kh)), T("Map", T("Reduce", op, ta(vec, kw)), kh))
+    if flat:
+        per = T("Comp", T("Reduce", op, ta(vec, kh * kw)), T("Join", win_t))
+    else:
+        per = T("Comp", T("Reduce", op, ta(vec, kh)), T("Map", T("Reduce", op, ta(vec, kw)), kh))
     if scale is not None:
         per = T("Comp", T("VVMul", tp(vec, vec)), T("Fork", per, T("Const", scale, win_t)))
     return s.then(lifted(s.t, 2, lambda e: per))

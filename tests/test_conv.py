@@ -182,13 +182,15 @@ def test_image_layers_run_on_brainwave(layers, shape):
 
 def test_a_max_pool_over_channels_short_of_the_vector_pads_each_window_once():
     """5 channels on 32-wide vectors: the host pads the whole window array (rule reduce-pad), so
-    each 3x3 window is loaded and reduced on chip; padding each step's operands instead costs a
-    mask multiply per step (7 per pixel, not 3) and, in the model, a reload of the accumulator."""
+    each flattened 3x3 window is loaded and reduced on chip with no mask; padding each step's
+    operands instead costs a mask multiply per step and, in the model, a reload of the
+    accumulator (the model said 5x). Reducing each window's rows first took a mask per row's
+    maximum (48 in all)."""
     r = optimize(["MaxPool2d(3, stride=2)"], (1, 5, 9, 9), native_dim=32)
     assert r.max_rel_error == 0.0
     assert r.ops["v_rd"] == 16 * 9 and r.ops["vv_max"] == 16 * 8
-    assert r.ops["vv_mul"] == 16 * 3             # one mask per column's maximum, none per step
-    assert r.predicted_cycles < 1.5 * r.cycles   # padded per step, the model said 5x
+    assert "vv_mul" not in r.ops
+    assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
 
 
 def test_a_convolution_reads_its_im2col_matrix_from_dram():

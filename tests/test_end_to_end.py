@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from egraph_rules.interpreter import Interpreter
-from egraph_rules.ir import ta, ts, ty
+from egraph_rules.ir import numel, ta, ts, ty
 from egraph_rules.saturate import Budget
 from frontend.layers import LayerError, build_model, parse_layer
 from liftsat import api, optimize
@@ -228,6 +228,35 @@ def test_a_folds_steps_are_double_buffered_where_memory_allows():
         assert runs[tiles].program.memory_sizes["bw.mrf"] == tiles * 32 * 32
     assert runs[1].term == runs[2].term
     assert runs[2].cycles < 0.6 * runs[1].cycles
+
+
+def test_max_pooling_reduces_a_row_of_windows_per_step():
+    """Each step of a max pool's reduction takes the maximum over at least a whole output row of
+    windows (map-reduce-interchange-moved), so on VTA, whose ALU results take 48 cycles, the
+    steps no longer wait for each other."""
+    small = optimize(["MaxPool2d(3, stride=2)"], (1, 16, 11, 11), target="vta")
+    _check_accuracy(small, (1, 16, 5, 5))
+    alexnet = optimize(["MaxPool2d(3, stride=2)"], (1, 64, 55, 55), target="vta", functional=False)
+    for r, pixels, channels in ((small, 5, 16), (alexnet, 27, 64)):
+        [reduce] = [t for t in r.term.walk() if t.op == "Reduce"]
+        taps, n = reduce.args[1].args[0], reduce.args[1].args[1]
+        assert n == 9 and numel(taps) >= pixels * channels   # 9 taps, each at least a row of windows
+    assert alexnet.cycles < 60_000                            # 169,717 with a reduction per window
+    assert abs(alexnet.predicted_cycles / alexnet.cycles - 1) <= 0.10, (alexnet.predicted_cycles, alexnet.cycles)
+
+
+def test_a_reduction_too_large_to_move_whole_keeps_its_accumulator_on_chip():
+    """AlexNet's max pool on the systolic array: an output row's 9 rows of 27 windows (62,208
+    bytes) fit in its 64 KiB accumulator, but not with their maxima. The reduction becomes a Fold
+    from the first row (reduce-accumulator-on-chip) that moves one row per step, and the model
+    charges what codegen emits, one move per row (as a Reduce moving both operands, it charged
+    two: predicted 75,600 cycles, simulated 52,588)."""
+    r = optimize(["MaxPool2d(3, stride=2)"], (1, 64, 55, 55), target="systolic")
+    _check_accuracy(r, (1, 64, 27, 27))
+    folds = [t for t in r.term.walk() if t.op == "Fold"]
+    assert len(folds) == 1 and folds[0].args[1].args[1].args[1] == 8   # the 8 taps after the first
+    assert r.ops["mvin"] == 27 * 9 * 27 * 64 // 16                      # every window row moved once
+    assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
 
 
 def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monkeypatch):
