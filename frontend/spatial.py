@@ -175,8 +175,8 @@ def pool(s: Stages, win: Window, kind: str, scale: Term | None, flat: bool) -> S
     """Max or average pooling: each window's [C] vectors reduced with VVMax or VVAdd; the average
     multiplies the sum by `scale` (1/taps). Max pooling pads with -inf, as PyTorch does (average
     pooling counts zeros). A `flat` window (of the stack's input, which the host lays out) is
-    flattened and reduced once, so that map-reduce-interchange can make each step a row of
-    windows; otherwise (a view of an image computed on chip, whose taps no strided view can
+    flattened and reduced once, so that map-reduce-interchange-moved can make each step a row
+    of windows; otherwise (a view of an image computed on chip, whose taps no strided view can
     flatten) its rows are reduced first, then the row results."""
     windows(s, win, -math.inf if kind == "max" else 0.0)
     win_t = s.t.args[0].args[0]
