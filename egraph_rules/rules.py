@@ -46,9 +46,10 @@ class Rule:
         return Rule(self.name, self.level, self.egglog + extra, f"{self.condition}; or {other.condition}", self.doc,
                     *self.examples, *other.examples)
 
-    def text(self) -> str:
-        """The egglog commands, each named `rule-name#i` so that run reports count by rule."""
-        return "\n".join(t[:-1] + f' :name "{self.name}#{i}")' for i, t in enumerate(self.egglog))
+    def text(self, without: set[str] | frozenset[str] = frozenset()) -> str:
+        """The egglog commands but those in `without`, each named `rule-name#i` so that run
+        reports count by rule."""
+        return "\n".join(t[:-1] + f' :name "{self.name}#{i}")' for i, t in enumerate(self.egglog) if t not in without)
 
 
 def chain(parts: list[str], rest: str | None) -> str:

@@ -87,6 +87,9 @@ class Saturator:
 
     def __init__(self, rules: list[Rule]):
         self.egraph = bindings.EGraph()
+        #: the egglog commands added so far: a command several rules share (the analysis marks
+        #: that their queries walk, `REDUCE_TAILS`) is added once, not run once per rule
+        self.added: set[str] = set()
         self._run("\n".join([egglog_declarations(), analysis_program(), rulesets_program()]))
         self._add_rules(rules)
         self._run(f"(unstable-combined-ruleset liftsat {' '.join(LEVELS)})")
@@ -101,7 +104,10 @@ class Saturator:
         """One program per rule: egglog 13.2 copies a program's whole text into every command it
         runs, so the rules as one program took 15x longer to load (1.7 s against 0.12 s, busy machine)."""
         for r in rules:
-            self._run(r.text())
+            text = r.text(self.added)
+            if text:
+                self._run(text)
+            self.added.update(r.egglog)
 
     @contextmanager
     def extended(self, rules: list[Rule]) -> Iterator[None]:
@@ -109,11 +115,13 @@ class Saturator:
         as they were (egglog push/pop), so each target can grow its own programs from one shared
         e-graph without mixing in another target's."""
         self._run("(push)")
+        added = set(self.added)
         try:
             self._add_rules(rules)
             yield
         finally:
             self._run("(pop)")
+            self.added = added
 
     def add(self, name: str, term: Term) -> None:
         """Add a term under a global name (its e-class is a root)."""
