@@ -397,6 +397,12 @@ def _movement() -> list[Rule]:
                     T("Zip", pm), T("Fork", comp(T("Split", k, vec(k * rows)), T("Snd", p)), state))
         return T("Fold", step, tp(vec(k * rows), T("TA", vec(k * rows), steps)))
 
+    def ex_hoist_restaged(rng):
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        p = tp(vec(n), vec(n))
+        staged = comp(T("Restage", "mem", vec(n)), T("ToChip", "stage", vec(n)), T("Fst", p))
+        return T("Map", T("Comp", T("VVAdd", p), T("Fork", T("Snd", p), staged)), m)
+
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
@@ -445,7 +451,11 @@ def _movement() -> list[Rule]:
                           f"(Comp (Map {chain(p, None)} n) (Comp (ToChip sp (TA t n)) (Map {pad} n)))", a) for p in prefixes]
     # (PairMove x sp): the stage moving to sp only the part of a pair x reads (analysis), so one
     # rule per branch and depth serves both parts
-    forks = {"(Fork (Comp (ToChip sp a) x) h)": "(Fork x h)", "(Fork h (Comp (ToChip sp a) x))": "(Fork h x)"}
+    # (a move into a staging memory followed by a Restage out of it is hoisted the same way, the
+    # Restage staying in the loop)
+    forks = {"(Fork (Comp (ToChip sp a) x) h)": "(Fork x h)", "(Fork h (Comp (ToChip sp a) x))": "(Fork h x)",
+             "(Fork (Comp (Restage m c) (Comp (ToChip sp a) x)) h)": "(Fork (Comp (Restage m c) x) h)",
+             "(Fork h (Comp (Restage m c) (Comp (ToChip sp a) x)))": "(Fork h (Comp (Restage m c) x))"}
     for part in ("Fst", "Snd"):
         elem_t = "a0" if part == "Fst" else "b0"
         move = f"(Comp (ToChip sp {elem_t}) ({part} (TP a0 b0)))"
@@ -530,10 +540,11 @@ def _movement() -> list[Rule]:
         Rule("tochip-hoist-from-map", a, tuple(hoist),
              f"the moved branch only re-indexes one part of the element; at most {HOIST_DEPTH} stages after it",
              "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)) (and "
-             f"for Snd, either branch), Map(f . ToChip) = Map(f) . ToChip (f a chain of up to {HOIST_DEPTH + 1} "
+             "for Snd, either branch, and with a Restage before the ToChip, which stays in the loop), "
+             f"Map(f . ToChip) = Map(f) . ToChip (f a chain of up to {HOIST_DEPTH + 1} "
              "stages), Map(f . ToChip . q) = Map(f) . ToChip . Map(q) for q a Pad or a Map of one: a move inside a "
              "loop body becomes a move of the whole array before the loop",
-             ex_hoist, ex_hoist_snd, ex_hoist_unary, ex_hoist_chain, ex_hoist_pad, ex_hoist_map_pad),
+             ex_hoist, ex_hoist_snd, ex_hoist_restaged, ex_hoist_unary, ex_hoist_chain, ex_hoist_pad, ex_hoist_map_pad),
         Rule("move-stage-idempotent", a, (
             rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),
             rewrite("(Comp (Map m n) (Map m n))", "(Map m n)", a, ["(ismove m)"], subsume=True),
@@ -756,3 +767,29 @@ def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable:
 def algorithmic_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
     """Every algorithmic rule: the common ones and the tiling rules of these sizes."""
     return common_algorithmic_rules() + tiling_rules(tile_sizes, resident, pinnable)
+
+
+def staging_rules(staged: dict[str, str], native: int) -> list[Rule]:
+    """For each memory loaded from another on-chip memory (`staged`: memory -> the memory it is
+    loaded from), its load as the two moves it is made of, so that the first one (from DRAM into
+    the staging memory) can leave a loop or be pinned at setup while the second runs per use (a
+    systolic mesh's weight blocks preloaded from weights kept in the scratchpad)."""
+    if not staged:
+        return []
+    a = "algorithmic"
+    # matched inside compositions, never bare: a bare move's e-class holding a composition would
+    # let compose-assoc subsume every composition that starts with that move
+    t = f"(TA (TA s {native}) {native})"
+    rewrites = tuple(r for space, source in sorted(staged.items()) for r in (
+        rewrite(f'(Comp (ToChip "{space}" {t}) g)', f'(Comp (Restage "{space}" {t}) (Comp (ToChip "{source}" {t}) g))', a),
+        rewrite(f'(Comp f (ToChip "{space}" {t}))', f'(Comp f (Comp (Restage "{space}" {t}) (ToChip "{source}" {t})))', a)))
+
+    def ex_staged(rng, space: str = sorted(staged)[0]):
+        move = T("ToChip", space, mat(native, native))
+        tile = T("Comp", T("Map", T("VVRelu", vec(native)), native), T("Comp", move, T("Split", native, vec(native * native))))
+        return T("Map", tile, pick(rng, 1, 3))
+
+    pairs = ", ".join(f"{space} from {source}" for space, source in sorted(staged.items()))
+    return [Rule("tochip-staged", a, rewrites, f"the memory is loaded from another on-chip memory ({pairs})",
+                 "ToChip(m) = Restage(m) . ToChip(s) where m is loaded from s: a load through a staging memory "
+                 "is a move into it and a move on from it", ex_staged)]

@@ -97,7 +97,7 @@ def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
     if op == "Slide":
         windows = np.lib.stride_tricks.sliding_window_view(x, a[0], axis=axis)[(slice(None),) * axis + (slice(None, None, a[1]),)]
         return np.moveaxis(windows, -1, axis + 1)
-    if op in ("Id", "ToChip", "ToDram", "ToOutput"):
+    if op in ("Id", "ToChip", "Restage", "ToDram", "ToOutput"):
         return x
     if op == "Map":
         return _layout(a[0], x, axis + 1)
@@ -139,7 +139,7 @@ class Interpreter:
             fast = _layout(f, x, 0)
             if fast is not None:
                 return fast
-        if op in ("Id", "ToChip", "ToDram", "ToOutput"):
+        if op in ("Id", "ToChip", "Restage", "ToDram", "ToOutput"):
             return x
         if op == "Comp":
             return self.apply(a[0], self.apply(a[1], x))

@@ -95,8 +95,11 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "LSTMCell": ("F", ("E", "E", "E", "E", "Ty")),
     # vanilla RNN cell, PyTorch layout, nonlinearity "tanh" or "relu": (x, h) -> h'
     "RNNCell": ("F", ("E", "E", "E", "E", "String", "Ty")),
-    # address spaces: move to a named on-chip memory, to DRAM, to the output buffer
+    # address spaces: move to a named on-chip memory, to DRAM, to the output buffer; Restage
+    # moves a value already in the memory a named memory is loaded from (its staging memory)
+    # on into it, without going back to DRAM
     "ToChip": ("F", ("String", "Ty")),
+    "Restage": ("F", ("String", "Ty")),
     "ToDram": ("F", ("Ty",)),
     "ToOutput": ("F", ("Ty",)),
     # device operator: name, input type, output type
@@ -417,7 +420,7 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         if op == "Linear" and ty(a[1]) != out:
             raise IRTypeError(f"Linear bias {ty(a[1])} does not match output {out}")
         return out
-    if op in ("ToChip", "ToDram", "ToOutput"):
+    if op in ("ToChip", "Restage", "ToDram", "ToOutput"):
         return a[-1]
     if op == "Dev":
         return a[2]

@@ -125,6 +125,7 @@ LEAF_FOUT = {
     "MVMul": ("(MVMul (TP (TA (TA s k) n) v))", "(TA s n)"),
     "MMMul": ("(MMMul (TP (TA (TA s k) n) (TA (TA s2 m) k2)))", "(TA (TA s m) n)"),
     "ToChip": ("(ToChip sp t)", "t"),
+    "Restage": ("(Restage sp t)", "t"),
     "ToDram": ("(ToDram t)", "t"),
     "ToOutput": ("(ToOutput t)", "t"),
     "Dev": ("(Dev name t u)", "u"),
@@ -220,6 +221,7 @@ def analysis_program() -> str:
     rule("(= f (Comp g h)) (isview g) (isview h)", "(isview f)")
     # where outputs live
     rule("(= f (ToChip sp t))", "(inspace f sp)")
+    rule("(= f (Restage sp t))", "(inspace f sp)")
     rule("(= f (Const (App (ToChip sp t) c) u))", "(inspace f sp)")
     rule("(= f (Comp g h)) (isview g) (inspace h sp)", "(inspace f sp)")
     rule("(= f (Comp g h)) (inspace g sp)", "(inspace f sp)")

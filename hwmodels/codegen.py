@@ -392,7 +392,7 @@ class Codegen:
         op, a = f.op, f.args
         if op == "Dev":
             return self.ops[a[0]].op.result_space
-        if op == "ToChip":
+        if op in ("ToChip", "Restage"):
             return a[0]
         if op in ("ToOutput", "ToDram"):
             return "dram"
@@ -526,6 +526,8 @@ class Codegen:
             return self.device(f, v, dest)
         if op == "ToChip":
             return self.to_chip(a[0], v, dest)
+        if op == "Restage":
+            return self.restage(a[0], v, dest)
         if op in ("ToOutput", "ToDram"):
             return self.to_dram(v, dest)
         raise CodegenError(f"{op} cannot run on {self.t.name}")
@@ -794,6 +796,19 @@ class Codegen:
         by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else None
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
+
+    def restage(self, space: str, v: object, dest: Buf | None) -> object:
+        """Move a value already in the memory `space` is loaded from on into `space` (the cost
+        model charges only that move, so a value anywhere else is an error, not a detour)."""
+        if isinstance(v, PairV):
+            return PairV(self.restage(space, v.a, None), self.restage(space, v.b, None))
+        source = self.t.memories[space].load_from
+        if not source:
+            raise CodegenError(f"Restage to {space}: {self.t.name} loads {space} from DRAM, not from another memory")
+        if not isinstance(v, Buf) or v.space != source:
+            where = v.space if isinstance(v, Buf) else type(v).__name__
+            raise CodegenError(f"Restage to {space} of a value in {where}: it must be in {source}")
+        return self.to_chip(space, v, dest)
 
     def packable(self, v: object) -> bool:
         """Whether v is rows computed on chip, each with room for whole native vectors, laid out

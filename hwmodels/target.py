@@ -180,6 +180,8 @@ class CycleCost:
             return self.reduce_chain(args[1])
         if op == "ToChip":
             return self.load(*args)
+        if op == "Restage":
+            return self.load(*args, from_dram=False)
         if op in ("ToOutput", "ToDram"):
             if nbytes(args[0]) > self.t.result_capacity:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
@@ -271,8 +273,10 @@ class CycleCost:
         return tuple(m * x - (m - once) * c[-1] if u in OP_UNITS else once * x if u == "cold" else m * x
                      for u, x in zip(COMPONENTS, c))
 
-    def load(self, space: str, t: Term) -> Cost:
-        """Moving a value of type t from DRAM into `space`, through the memory it is staged in.
+    def load(self, space: str, t: Term, from_dram: bool = True) -> Cost:
+        """Moving a value of type t from DRAM into `space`, through the memory it is staged in
+        (not from_dram: from that staging memory, where the value already is; NEVER when `space`
+        is loaded from DRAM).
         The DMA unit also waits, each run, for the buffer's previous readers (`wait`: what its
         later units' transfers do not cover; `dma_wait`, which the loop around it settles). The device ops that read it wait for its first
         units on the first run only (later runs are prefetched while the loop body works; the
@@ -280,46 +284,54 @@ class CycleCost:
         units are freed in another order than they are loaded, so the next run's cannot be
         prefetched). Every run lengthens the `chain` by its `recurrence`."""
         mem = self.t.memories.get(space)
-        if mem is None or nbytes(t) > mem.capacity:
+        if mem is None or nbytes(t) > mem.capacity or not (from_dram or mem.load_from):
             return NEVER
         need = self.first_read_units(space, t)
-        first = self.wait(space, t, need, cold=True)
-        steady = self.wait(space, t)
-        extra = self.wait(space, t, need) - steady
-        return (tuple(x + first if u in OP_UNITS else x for u, x in zip(UNITS, self.transfers(space, t)))
-                + (self.recurrence(space, t, need), steady, first - extra))
+        first = self.wait(space, t, need, cold=True, from_dram=from_dram)
+        steady = self.wait(space, t, from_dram=from_dram)
+        extra = self.wait(space, t, need, from_dram=from_dram) - steady
+        moves = self.transfers(space, t, from_dram)
+        return (tuple(x + first if u in OP_UNITS else x for u, x in zip(UNITS, moves))
+                + (self.recurrence(space, t, need, from_dram), steady, first - extra))
 
-    def recurrence(self, space: str, t: Term, need: int) -> float:
+    def recurrence(self, space: str, t: Term, need: int, from_dram: bool = True) -> float:
         """The shortest period of a loop that loads a value of type t into the same buffer of
         `space` every iteration: the next load waits for this one's first `need` units to be
-        read, then takes their transfers and the latency to arrive, then they are read again."""
+        read, then takes their transfers and the latency to arrive, then they are read again. A
+        move from the staging memory by the unit that reads it (a systolic mesh preloaded by the
+        mesh) is that unit's own work, counted there, so only its latency lengthens the chain."""
+        mem = self.t.memories[space]
+        if not from_dram and mem.loader in self.reader_units(space):
+            return self.wait(space, t, need, cold=True, from_dram=False)
         own = 0.0
-        if self.t.memories[space].load_from:  # a staged load's `wait` leaves out its loader's own move
+        if mem.load_from:  # a staged load's `wait` leaves out its loader's own move
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space), self.t.memories[space].bandwidth)
             own = busy / units
-        return self.wait(space, t, need, cold=True) + own + self.reader_occupancy(space)
+        return self.wait(space, t, need, cold=True, from_dram=from_dram) + own + self.reader_occupancy(space)
 
-    def transfers(self, space: str, t: Term) -> Cost:
-        """The units kept busy moving a value of type t from DRAM into `space`."""
+    def transfers(self, space: str, t: Term, from_dram: bool = True) -> Cost:
+        """The units kept busy moving a value of type t from DRAM (or, not from_dram, from the
+        memory it is staged in) into `space`."""
         mem = self.t.memories[space]
         if not mem.load_from:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             return _unit_cost("dma", busy, units)
         busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
-        staged = self.transfers(mem.load_from, t)
-        return tuple(a + b for a, b in zip(staged, _unit_cost(mem.loader, busy, units)))
+        own = _unit_cost(mem.loader, busy, units)
+        return tuple(a + b for a, b in zip(self.transfers(mem.load_from, t), own)) if from_dram else own
 
-    def wait(self, space: str, t: Term, need: int = 1, cold: bool = False) -> float:
+    def wait(self, space: str, t: Term, need: int = 1, cold: bool = False, from_dram: bool = True) -> float:
         """Latency of a load that its own transfers do not cover: the reader of its first `need`
         units waits for them and their latency (a staged unit arrives when its whole staging
-        has). In the steady state of a loop (not `cold`) the load was started early, so its
-        later units' transfers are taken to cover as much of that wait."""
+        has; not from_dram, the value is staged already). In the steady state of a loop (not
+        `cold`) the load was started early, so its later units' transfers are taken to cover as
+        much of that wait."""
         mem = self.t.memories[space]
         if mem.load_from:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
             unit = ta(ts(dtype_name(t)), self.unit_elems(space))
             staged, _ = self.t.transfer_cycles(unit, self.unit_elems(mem.load_from))
-            first = self.latency(mem.load_from) + staged + mem.latency
+            first = self.latency(mem.load_from) + staged + mem.latency if from_dram else mem.latency
         else:
             busy, units = self.t.transfer_cycles(t, self.unit_elems(space))
             first = self.t.dram.latency
@@ -345,6 +357,10 @@ class CycleCost:
             return 1
         rows = dims[-2].args[1]
         return math.ceil(((min(rows, n) - 1) * row + min(row, n)) / self.unit_elems(space))
+
+    def reader_units(self, space: str) -> set[str]:
+        """The units of the device ops that read an operand from `space`."""
+        return {o.unit for o in self.t.ops if space in (s for _, s in o.op.operands)}
 
     def reader_occupancy(self, space: str) -> int:
         """The longest a device op that reads an operand from `space` keeps its unit busy."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from egraph_rules.ir import Term
+from egraph_rules.ir import Term, nbytes
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationStats
 from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
@@ -142,6 +142,9 @@ class SharedEGraph:
 
     def __init__(self, term: Term, budget: Budget | None = None):
         self.term, self.budget = term, budget or Budget()
+        weights = {n for n in term.args[0].walk() if n.op == "Var"} if term.op == "App" else set()
+        #: the bytes of the weights the program applies to its input (the variables inside it)
+        self.weight_bytes = sum(nbytes(v.args[1]) for v in weights)
         self.sat = Saturator(shared_rules())
         self.sat.add("root", term)
         self.stats = self.sat.run(self.budget)
@@ -149,7 +152,7 @@ class SharedEGraph:
 
     def saturate(self, target: Target) -> SaturatedGraph:
         """The e-graph grown with the target's rules within what is left of the budget."""
-        with self.sat.extended(target_rules(target)):
+        with self.sat.extended(target_rules(target, self.weight_bytes)):
             return self.sat.serialize({"root": self.term}, self.sat.run(self.budget, after=self.stats))
 
 

@@ -322,7 +322,7 @@ def _output_tile(jt: Term, xs_t: Term, ops: Ops, stream: tuple[str, str] | None,
     kin = tp(tile_t, rn_t)
     tile = T("Fst", kin)
     if stream is not None and stream[1] != stream[0]:
-        tile = T("Comp", T("ToChip", stream[1], tile_t), tile)
+        tile = T("Comp", T("Restage", stream[1], tile_t), tile)
     mv_in = tp(vec, tile_t)
     mv = T("Comp", ops.mv.term, T("Fork", T("Snd", mv_in), T("Fst", mv_in)))
     per_k = comp(T("Map", mv, rows), T("DistR", tp(rn_t, tile_t)), T("Fork", T("Snd", kin), tile))

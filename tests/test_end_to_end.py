@@ -259,6 +259,31 @@ def test_a_reduction_too_large_to_move_whole_keeps_its_accumulator_on_chip():
     assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
 
 
+def test_systolic_weights_stay_in_the_scratchpad_and_are_preloaded_per_use():
+    """A convolution whose weights fit in the systolic array's scratchpad but not in its mesh:
+    the load through the scratchpad is split (tochip-staged), the move into the scratchpad is
+    pinned at setup and each use only preloads its block from there (Restage). Every weight
+    block used to come from DRAM per use: 466,818 simulated cycles."""
+    r = optimize(["Conv2d(1, 32, (5, 20), stride=(2, 8), padding=(8, 8))"], (1, 1, 40, 151), target="systolic")
+    _check_accuracy(r, (1, 32, 26, 19))
+    assert r.weights == {"W0": "pinned", "b0": "pinned"}
+    assert any(t.op == "Restage" for t in r.term.walk())
+    assert r.ops["preload"] == r.ops["compute"]                       # one preload per block used
+    assert r.ops["mvin"] == 26 * 19 * 7                               # per inference only the inputs move in
+    assert r.cycles < 150_000
+    assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
+
+
+def test_loads_are_not_split_for_weights_the_staging_memory_cannot_hold():
+    """Splitting staged loads is for weights that stay in the staging memory; where they cannot,
+    the rule is left out (it would only grow the e-graph)."""
+    systolic = get_target("systolic")
+    fits, too_big = 256 * 1024 * 4, 256 * 1024 * 4 + 1
+    assert "tochip-staged" in {r.name for r in api.target_rules(systolic, fits)}
+    assert "tochip-staged" not in {r.name for r in api.target_rules(systolic, too_big)}
+    assert "tochip-staged" not in {r.name for r in api.target_rules(get_target("vta"))}   # no staged memory
+
+
 def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monkeypatch):
     """Five 32x32 weights of one tile each and a matrix register file of four tiles: each weight
     fits in any share extraction is retried with (a quarter), but pinned together at setup they

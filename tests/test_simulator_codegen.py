@@ -287,6 +287,29 @@ def test_codegen_rejects_bad_terms():
     with pytest.raises(CodegenError, match="not a native block"):      # a device op at the wrong size
         generate(T("App", comp(T("ToOutput", V(2 * N)), T("Dev", "bw.v_relu", V(2 * N), V(2 * N)),
                                T("ToChip", VRF, V(2 * N))), T("Var", "x", V(2 * N))), TARGET)
+    with pytest.raises(CodegenError, match="loads bw.vrf from DRAM"):   # a Restage needs a staging memory
+        generate(T("App", comp(T("ToOutput", V(N)), dev("v_relu"), T("Restage", VRF, V(N))), x), TARGET)
+
+
+def test_a_restage_of_a_value_not_in_the_staging_memory_is_a_codegen_error():
+    """The cost model charges a Restage only the move out of the staging memory, so codegen
+    must not quietly load from DRAM first."""
+    systolic = get_target("systolic", N)
+    w, v = ta(V(N), N), V(N)
+    moves = T("Fork", comp(T("Restage", "gm.mesh", w), T("Fst", tp(w, v))), comp(T("ToChip", "gm.sp", v), T("Snd", tp(w, v))))
+    f = comp(T("ToOutput", v), T("Dev", "gm.compute", tp(w, v), v), moves)
+    with pytest.raises(CodegenError, match="Restage to gm.mesh of a value in dram: it must be in gm.sp"):
+        generate(T("App", f, T("Pair", T("Var", "w", w), T("Var", "x", v))), systolic)
+    staged = T("Fork", comp(T("Restage", "gm.mesh", w), T("ToChip", "gm.sp", w), T("Fst", tp(w, v))),
+               comp(T("ToChip", "gm.sp", v), T("Snd", tp(w, v))))
+    program = generate(T("App", comp(T("ToOutput", v), T("Dev", "gm.compute", tp(w, v), v), staged),
+                         T("Pair", T("Var", "w", w), T("Var", "x", v))), systolic)
+    assert program.histogram() == {"mvin": N + 1, "preload": 1, "compute": 1, "mvout": 1}   # w's rows, x
+    rng = np.random.default_rng(3)
+    env = {"w": rng.standard_normal((N, N)).astype(np.float32), "x": rng.standard_normal(N).astype(np.float32)}
+    run, timing = both(program, env)
+    np.testing.assert_allclose(run.output, env["w"] @ env["x"], rtol=1e-5)
+    assert run.cycles == timing.cycles
 
 
 def test_a_re_indexing_of_an_array_of_pairs_is_a_codegen_error():
