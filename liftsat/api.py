@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from egraph_rules.ir import Term, nbytes
+from egraph_rules.ir import Term
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationStats
 from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
@@ -142,17 +142,15 @@ class SharedEGraph:
 
     def __init__(self, term: Term, budget: Budget | None = None):
         self.term, self.budget = term, budget or Budget()
-        weights = {n for n in term.args[0].walk() if n.op == "Var"} if term.op == "App" else set()
-        #: the bytes of the weights the program applies to its input (the variables inside it)
-        self.weight_bytes = sum(nbytes(v.args[1]) for v in weights)
         self.sat = Saturator(shared_rules())
         self.sat.add("root", term)
         self.stats = self.sat.run(self.budget)
         self.stats.eclasses = self.sat.serialize({"root": term}, self.stats).stats.eclasses
 
-    def saturate(self, target: Target) -> SaturatedGraph:
-        """The e-graph grown with the target's rules within what is left of the budget."""
-        with self.sat.extended(target_rules(target, self.weight_bytes)):
+    def saturate(self, target: Target, staged: bool = True) -> SaturatedGraph:
+        """The e-graph grown with the target's rules within what is left of the budget (without
+        splitting loads through staging memories when not `staged`)."""
+        with self.sat.extended(target_rules(target, staged)):
             return self.sat.serialize({"root": self.term}, self.sat.run(self.budget, after=self.stats))
 
 
@@ -260,13 +258,39 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     by k-best extraction, reported in order of predicted cycles with shared sub-terms paid once,
     which the k-best ranking by tree cost only approximates). Extraction checks each value against
     its memory, but codegen lays out all live values together, so a program may still overflow:
-    then the next cheapest that codegen lays out is taken; when none does and some overflowed,
+    then the next cheapest that codegen lays out is taken (`_lay_out`). When none does on a target
+    with a staging memory, the e-graph is grown again without splitting its loads: the split's
+    programs can fill every candidate (a GRU(2816) step on the systolic array, whose gate vectors
+    and the biases pinned beside them overflow the accumulator). The programs codegen could not
+    lay out are listed in `unbuildable` with the reason."""
+    unbuildable: list[str] = []
+    staged = any(m.load_from for m in target.memories.values())
+    for split in (True, False) if staged else (True,):
+        result, best = _lay_out(shared.saturate(target, split), model, target, functional, alternatives, extractor,
+                                time_limit, unbuildable)
+        if result is not None:
+            break
+    if result is None:
+        raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
+                           f"the cheapest, {unbuildable[0]}")
+    result.unbuildable = unbuildable
+    result.alternatives.sort(key=lambda a: a.predicted_cycles)
+    if isinstance(best, IlpExtracted):
+        result.extraction = {"extractor": "ilp", "status": best.status, "gap": round(best.gap, 6),
+                             "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
+                             "greedy_shared_cycles": best.greedy_dag_cycles}
+    return result
+
+
+def _lay_out(graph: SaturatedGraph, model: Model, target: Target, functional: bool, alternatives: int,
+             extractor: str, time_limit: float, unbuildable: list[str]) -> tuple[Result | None, Extracted]:
+    """The cheapest program of a saturated e-graph that codegen lays out (None when none does)
+    and the last one extracted. When none of the cheapest lays out and some overflowed,
     extraction is retried with less room per value, then with a budget for the pinned constants
     together, then with none pinned (`ROOM`); once less room per value leaves no program at all,
-    the later retries keep the last room that had one. The programs codegen could not lay out
-    are listed in `unbuildable` with the reason."""
-    graph = shared.saturate(target)
-    result, unbuildable = None, []
+    the later retries keep the last room that had one. Appends to `unbuildable` why each
+    candidate could not be laid out."""
+    result = None
     least, last, tried = 0.0, ROOM[0][0], set()
     for stage in ROOM:
         room, pinned, budget = max(stage[0], least), stage[1], stage[2]
@@ -289,16 +313,7 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
                                               alternatives, unbuildable)
         if result is not None or not overflowed:
             break
-    if result is None:
-        raise CodegenError(f"none of the {len(unbuildable)} cheapest programs can be laid out on {target.name}; "
-                           f"the cheapest, {unbuildable[0]}")
-    result.unbuildable = unbuildable
-    result.alternatives.sort(key=lambda a: a.predicted_cycles)
-    if isinstance(best, IlpExtracted):
-        result.extraction = {"extractor": "ilp", "status": best.status, "gap": round(best.gap, 6),
-                             "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
-                             "greedy_shared_cycles": best.greedy_dag_cycles}
-    return result
+    return result, best
 
 
 def _extract_within(graph: SaturatedGraph, target: Target, extractor: str, time_limit: float,

@@ -25,18 +25,14 @@ def memory_guards(target: Target) -> tuple[int, int]:
     return target.result_capacity // 4, max(m.capacity for m in target.memories.values()) // 4
 
 
-def target_rules(target: Target, weight_bytes: int = 0) -> list[Rule]:
+def target_rules(target: Target, staged: bool = True) -> list[Rule]:
     """The rules a target's programs grow with after the shared phase: Lift's structural,
     movement and im2col rules, bands and tiles sized to its memories and native size, loads
-    through its staging memories split in two, and its hardware rules. The split is for weights
-    that stay in the staging memory, so it is left out when the program's weights (`weight_bytes`)
-    do not fit there: it would only grow the e-graph (AlexNet conv2 on systolic: 4.2 k to 91 k
-    e-nodes, stopped by the node limit)."""
+    through its staging memories split in two (unless not `staged`), and its hardware rules."""
     resident, pinnable = memory_guards(target)
-    staged = {name: m.load_from for name, m in target.memories.items()
-              if m.load_from and weight_bytes <= target.memories[m.load_from].capacity}
+    stages = {name: m.load_from for name, m in target.memories.items() if m.load_from} if staged else {}
     return (common_algorithmic_rules() + band_rules(resident, pinnable)
-            + tiling_rules((target.native_dim,), resident, pinnable) + staging_rules(staged, target.native_dim)
+            + tiling_rules((target.native_dim,), resident, pinnable) + staging_rules(stages, target.native_dim)
             + hardware_rules(target.device_ops(), target.native_dim))
 
 
