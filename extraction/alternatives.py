@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from egraph_rules.ir import Term
 from egraph_rules.saturate import SaturatedGraph
-from extraction.greedy import INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint
+from extraction.greedy import (INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint,
+                               gc_paused)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
         best[it.eclass] = merged
         return True
 
-    fixpoint(computations(graph, view, model), improve)
+    with gc_paused():
+        fixpoint(computations(graph, view, model), improve)
     head = extract_greedy(graph, root, model)
     rest = [c for c in best.get(root, []) if c.scalar < INF and tuple(c.cost) != tuple(head.cost)]
     return [head] + [Extracted(_term(c, view), c.cost, c.scalar) for c in rest[: k - 1]]

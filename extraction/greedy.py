@@ -8,11 +8,14 @@ then to the node id, so extraction is deterministic.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import cache
+from typing import Any, NamedTuple, Protocol
 
 from egraph_rules.ir import SCHEMA, Term, primitive_value, tp
 from egraph_rules.saturate import SaturatedGraph
@@ -89,7 +92,7 @@ class GraphView:
     def kids(self, nid: str) -> list[str]:
         """The e-classes of an e-node's F/E children, in order."""
         node = self.graph.nodes[nid]
-        return [c for s, c in zip(SCHEMA[node["op"]][1], node["children"]) if s in ("F", "E")]
+        return [node["children"][i] for i in _child_sorts(node["op"])[0]]
 
     def term(self, nid: str, kids: list[Term]) -> Term:
         """The term of an e-node given the terms chosen for its F/E children."""
@@ -99,16 +102,23 @@ class GraphView:
                                       for s, c in zip(SCHEMA[node["op"]][1], node["children"])))
 
 
-@dataclass(frozen=True)
-class Computation:
+class Computation(NamedTuple):
     """An e-node of sort F or E as extraction sees it: constant arguments decoded (None in place
-    of F/E children) and its F/E children's e-classes in order."""
+    of F/E children) and its F/E children's e-classes in order (a named tuple: extraction builds
+    one per e-node, and a tuple is the cheapest immutable record to build)."""
 
     nid: str
     op: str
     args: tuple
     kids: tuple[str, ...]
     eclass: str
+
+
+@cache
+def _child_sorts(op: str) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Where an operator's F/E children are among its arguments, and for each argument whether it is one."""
+    is_kid = tuple(s in ("F", "E") for s in SCHEMA[op][1])
+    return tuple(i for i, k in enumerate(is_kid) if k), is_kid
 
 
 def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> list[Computation]:
@@ -123,9 +133,12 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
     unpinned = getattr(model, "unpinned", frozenset())
     overflow: dict[str, bool] = {}
     out = []
-    for nid in sorted(graph.nodes):
-        node = graph.nodes[nid]
-        if node["op"] not in SCHEMA or SCHEMA[node["op"]][0] == "Ty":
+    nodes = graph.nodes
+    for nid in sorted(nodes):
+        node = nodes[nid]
+        op = node["op"]
+        schema = SCHEMA.get(op)
+        if schema is None or schema[0] == "Ty":
             continue
         cls = node["eclass"]
         if fits is not None:
@@ -133,16 +146,31 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
                 overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
             if overflow[cls]:
                 continue
-        if node["op"] == "Fold" and fits is not None and not all(
-                fits(space, tp(t, t)) for space, t in view.placed(view.kids(nid)[0])):
+        kid_at, is_kid = _child_sorts(op)
+        children = node["children"]
+        kids = tuple([children[i] for i in kid_at])
+        if op == "Fold" and fits is not None and not all(fits(space, tp(t, t)) for space, t in view.placed(kids[0])):
             continue
-        if node["op"] == "Const" and (placed := view.placed(cls)) and (
+        if op == "Const" and (placed := view.placed(cls)) and (
                 cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
             continue
-        arg_sorts = SCHEMA[node["op"]][1]
-        args = tuple(None if s in ("F", "E") else view.const(c) for s, c in zip(arg_sorts, node["children"]))
-        out.append(Computation(nid, node["op"], args, tuple(view.kids(nid)), node["eclass"]))
+        args = tuple([None if k else view.const(c) for k, c in zip(is_kid, children)])
+        out.append(Computation(nid, op, args, kids, cls))
     return out
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for a block: extraction allocates a tuple or two per e-node,
+    none in a cycle, and the collections those allocations set off scanned the whole e-graph
+    again and again (half of greedy extraction's time on AlexNet conv2's 91 k e-nodes)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) -> None:
@@ -170,16 +198,19 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
     best: dict[str, tuple[float, int, str, Any]] = {}
 
     def improve(c: Computation) -> bool:
-        if any(k not in best for k in c.kids):
+        chosen = [best.get(k) for k in c.kids]
+        if None in chosen:
             return False
-        cost = model.node(c.op, c.args, [best[k][3] for k in c.kids])
-        cand = (model.scalar(cost), 1 + sum(best[k][1] for k in c.kids), c.nid, cost)
-        if c.eclass in best and cand[:3] >= best[c.eclass][:3]:
+        cost = model.node(c.op, c.args, [b[3] for b in chosen])
+        cand = (model.scalar(cost), 1 + sum(b[1] for b in chosen), c.nid, cost)
+        old = best.get(c.eclass)
+        if old is not None and cand[:3] >= old[:3]:
             return False
         best[c.eclass] = cand
         return True
 
-    fixpoint(computations(graph, view, model), improve)
+    with gc_paused():
+        fixpoint(computations(graph, view, model), improve)
     return best
 
 
