@@ -98,8 +98,8 @@ class GraphView:
         """The term of an e-node given the terms chosen for its F/E children."""
         node = self.graph.nodes[nid]
         it = iter(kids)
-        return Term(node["op"], tuple(next(it) if s in ("F", "E") else self.const(c)
-                                      for s, c in zip(SCHEMA[node["op"]][1], node["children"])))
+        return Term(node["op"], tuple(next(it) if k else self.const(c)
+                                      for k, c in zip(_child_sorts(node["op"])[1], node["children"])))
 
 
 class Computation(NamedTuple):

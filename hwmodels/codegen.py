@@ -800,8 +800,6 @@ class Codegen:
     def restage(self, space: str, v: object, dest: Buf | None) -> object:
         """Move a value already in the memory `space` is loaded from on into `space` (the cost
         model charges only that move, so a value anywhere else is an error, not a detour)."""
-        if isinstance(v, PairV):
-            return PairV(self.restage(space, v.a, None), self.restage(space, v.b, None))
         source = self.t.memories[space].load_from
         if not source:
             raise CodegenError(f"Restage to {space}: {self.t.name} loads {space} from DRAM, not from another memory")

@@ -103,6 +103,11 @@ class Target:
         return max(self.memories[o.op.result_space].capacity for o in self.ops)
 
     @cached_property
+    def staging(self) -> dict[str, str]:
+        """Each memory loaded from another on-chip memory, and that memory (its staging memory)."""
+        return {name: m.load_from for name, m in self.memories.items() if m.load_from}
+
+    @cached_property
     def tile_read_spaces(self) -> frozenset[str]:
         """On-chip memories loaded a vector at a time that are read N x N tiles at a time: by a
         device op's two-dimensional operand, or by the loads of a memory staged in them."""
@@ -301,11 +306,11 @@ class CycleCost:
         move from the staging memory by the unit that reads it (a systolic mesh preloaded by the
         mesh) is that unit's own work, counted there, so only its latency lengthens the chain."""
         mem = self.t.memories[space]
-        if not from_dram and mem.loader in self.reader_units(space):
+        if not from_dram and mem.loader in {o.unit for o in self.readers(space)}:
             return self.wait(space, t, need, cold=True, from_dram=False)
         own = 0.0
         if mem.load_from:  # a staged load's `wait` leaves out its loader's own move
-            busy, units = self.t.transfer_cycles(t, self.unit_elems(space), self.t.memories[space].bandwidth)
+            busy, units = self.t.transfer_cycles(t, self.unit_elems(space), mem.bandwidth)
             own = busy / units
         return self.wait(space, t, need, cold=True, from_dram=from_dram) + own + self.reader_occupancy(space)
 
@@ -358,13 +363,13 @@ class CycleCost:
         rows = dims[-2].args[1]
         return math.ceil(((min(rows, n) - 1) * row + min(row, n)) / self.unit_elems(space))
 
-    def reader_units(self, space: str) -> set[str]:
-        """The units of the device ops that read an operand from `space`."""
-        return {o.unit for o in self.t.ops if space in (s for _, s in o.op.operands)}
+    def readers(self, space: str) -> list[OpSpec]:
+        """The device ops that read an operand from `space`."""
+        return [o for o in self.t.ops if space in o.op.operand_spaces]
 
     def reader_occupancy(self, space: str) -> int:
         """The longest a device op that reads an operand from `space` keeps its unit busy."""
-        return max((o.occupancy for o in self.t.ops if space in (s for _, s in o.op.operands)), default=0)
+        return max((o.occupancy for o in self.readers(space)), default=0)
 
     def latency(self, space: str) -> int:
         """Cycles from a DRAM read to its data in `space`, through the memories it is staged in."""

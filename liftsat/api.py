@@ -264,8 +264,7 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     and the biases pinned beside them overflow the accumulator). The programs codegen could not
     lay out are listed in `unbuildable` with the reason."""
     unbuildable: list[str] = []
-    staged = any(m.load_from for m in target.memories.values())
-    for split in (True, False) if staged else (True,):
+    for split in (True, False) if target.staging else (True,):
         result, best = _lay_out(shared.saturate(target, split), model, target, functional, alternatives, extractor,
                                 time_limit, unbuildable)
         if result is not None:

@@ -30,7 +30,7 @@ def target_rules(target: Target, staged: bool = True) -> list[Rule]:
     movement and im2col rules, bands and tiles sized to its memories and native size, loads
     through its staging memories split in two (unless not `staged`), and its hardware rules."""
     resident, pinnable = memory_guards(target)
-    stages = {name: m.load_from for name, m in target.memories.items() if m.load_from} if staged else {}
+    stages = target.staging if staged else {}
     return (common_algorithmic_rules() + band_rules(resident, pinnable)
             + tiling_rules((target.native_dim,), resident, pinnable) + staging_rules(stages, target.native_dim)
             + hardware_rules(target.device_ops(), target.native_dim))
