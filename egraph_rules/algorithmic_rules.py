@@ -135,6 +135,39 @@ def _structural() -> list[Rule]:
 # ---------------------------------------------------------------- tiling and padding
 
 
+def _stationary_tiles(N: int, padded: bool) -> str:
+    """The right-hand side of mmmul-weight-stationary-tiles: (A [n][k], B [k][o]) -> [n][o] as a
+    Map over the o/N blocks j of output columns of (the sum over the k/N column tiles t of (a Map
+    over the rows a of A of MVMul(tile (j, t), slice t of a))); k padded to whole tiles when
+    `padded`."""
+    def arr(e: str, n: str) -> str:
+        return f"(TA {e} {n})"
+
+    pad = f"(% (- {N} (% k {N})) {N})"
+    kp = f"(+ k {pad})" if padded else "k"
+    kt, blocks = f"(/ {kp} {N})", f"(/ o {N})"
+    v = arr("s", str(N))
+    tile, rows = arr(v, str(N)), arr(v, "n")
+    p = f"(TP {arr(arr('s', 'k'), 'n')} {arr(arr('s', 'o'), 'k')})"
+    # A as [kt][n][N] (slice t of every row), B as tiles [o/N][kt][N][N] (tile (j, t): B^T's rows
+    # jN.. and columns tN..)
+    xs = [f"(Transpose {arr(arr(v, kt), 'n')})", f"(Map (Split {N} {arr('s', kp)}) n)"]
+    ws = [f"(Map (Transpose {arr(arr(v, kt), str(N))}) {blocks})", f"(Map (Map (Split {N} {arr('s', kp)}) {N}) {blocks})",
+          f"(Split {N} {arr(arr('s', kp), 'o')})", f"(Transpose {arr(arr('s', 'o'), kp)})"]
+    if padded:
+        xs.append(f"(Map (Pad 0 {pad} {arr('s', 'k')}) n)")
+        ws.append(f"(Pad 0 {pad} {arr(arr('s', 'o'), 'k')})")
+    row_in, tile_in = f"(TP {v} {tile})", f"(TP {tile} {rows})"
+    mv = chain([f"(MVMul (TP {tile} {v}))", f"(Fork (Snd {row_in}) (Fst {row_in}))"], None)
+    per_tile = chain([f"(Map {mv} n)", f"(DistR (TP {rows} {tile}))", f"(Fork (Snd {tile_in}) (Fst {tile_in}))"], None)
+    tiles_j, xs_t = arr(tile, kt), arr(rows, kt)
+    add_rows = chain([f"(Map (VVAdd (TP {v} {v})) n)", f"(Zip (TP {rows} {rows}))"], None)
+    per_block = chain([f"(Reduce {add_rows} {xs_t})", f"(Map {per_tile} {kt})", f"(Zip (TP {tiles_j} {xs_t}))"], None)
+    return chain([f"(Map (Join {arr(v, blocks)}) n)", f"(Transpose {arr(rows, blocks)})", f"(Map {per_block} {blocks})",
+                  f"(DistR (TP {arr(tiles_j, blocks)} {xs_t}))",
+                  f"(Fork {chain(ws, f'(Snd {p})')} {chain(xs, f'(Fst {p})')})"], None)
+
+
 def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     a = "algorithmic"
     N = n_
@@ -188,6 +221,10 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     def ex_ws(rng):
         k = pick(rng, 1, 3)
         return T("MMMul", tp(mat(2, k), mat(k, N)))
+
+    def ex_ws_tiles(rng):
+        k = pick(rng, 1, 2 * N + 1)
+        return T("MMMul", tp(mat(pick(rng, 2, 3), k), mat(k, N * pick(rng, 1, 2))))
 
     ws_in = "(TP (TA (TA s k) n) (TA (TA s o) k))"
     ws_blocks = f"(TA (TA (TA s k) {N}) (/ o {N}))"
@@ -248,6 +285,16 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              f"A . B = for each block of {N} output columns (a weight block), for each row a of A: "
              f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
              f"once for all rows", ex_ws),
+        Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
+            rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, padded), a,
+                    [f"(= 0 (% o {N}))", f"({'!=' if padded else '='} 0 (% k {N}))", "(> n 1)",
+                     f"(<= (* n (+ o k)) {resident})", f"(> (* k o) {pinnable})"])
+            for padded in (False, True)),
+             f"as mmmul-weight-stationary/{N}; the k columns padded with zeros to whole tiles",
+             f"A . B = for each block j of {N} output columns, the sum over the {N} x {N} tiles (j, t) of: for "
+             f"each row a of A, MVMul(tile, a's slice t): each tile is moved to the matrix unit once for all rows "
+             f"(the systolic array's weight-stationary loop: preload a tile, stream every row through it)",
+             ex_ws_tiles),
         Rule(f"mvmul-split-rows/{N}", a, (rewrite(
             f"(MVMul {tpm})",
             f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map (MVMul (TP (TA (TA s k) {N}) (TA s k))) (/ n {N})) "
@@ -403,6 +450,10 @@ def _movement() -> list[Rule]:
         staged = comp(T("Restage", "mem", vec(n)), T("ToChip", "stage", vec(n)), T("Fst", p))
         return T("Map", T("Comp", T("VVAdd", p), T("Fork", T("Snd", p), staged)), m)
 
+    def ex_hoist_whole(rng):
+        n, m = pick(rng, 1, 4), pick(rng, 1, 4)
+        return T("Map", comp(T("VVAdd", tp(vec(n), vec(n))), T("Fork", T("ToChip", "mem", vec(n)), T("VVRelu", vec(n)))), m)
+
     def ex_hoist_unary(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Map", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), m)
@@ -446,6 +497,9 @@ def _movement() -> list[Rule]:
                     f"(Fork (Comp (ToChip sp a) (Fst (TP a xs))) (Snd (TP a xs)))))) :ruleset {a})")
     hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
              for p in prefixes]
+    for fork_l, fork_r in (("(Fork (ToChip sp t) h)", "(Fork (Id t) h)"), ("(Fork h (ToChip sp t))", "(Fork h (Id t))")):
+        hoist += [rewrite(f"(Map {chain(p, fork_l)} n)", f"(Comp (Map {chain(p, fork_r)} n) (ToChip sp (TA t n)))", a)
+                  for p in prefixes]
     for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
         hoist += [rewrite(f"(Map {chain(p, f'(Comp (ToChip sp t) {pad})')} n)",
                           f"(Comp (Map {chain(p, None)} n) (Comp (ToChip sp (TA t n)) (Map {pad} n)))", a) for p in prefixes]
@@ -541,10 +595,12 @@ def _movement() -> list[Rule]:
              f"the moved branch only re-indexes one part of the element; at most {HOIST_DEPTH} stages after it",
              "Map(f . Fork(ToChip . v . Fst, h)) = Map(f . Fork(v . Fst, h)) . Map(Fork(ToChip . Fst, Snd)) (and "
              "for Snd, either branch, and with a Restage before the ToChip, which stays in the loop), "
+             "Map(f . Fork(ToChip, h)) = Map(f . Fork(Id, h)) . ToChip (the whole element moved), "
              f"Map(f . ToChip) = Map(f) . ToChip (f a chain of up to {HOIST_DEPTH + 1} "
              "stages), Map(f . ToChip . q) = Map(f) . ToChip . Map(q) for q a Pad or a Map of one: a move inside a "
              "loop body becomes a move of the whole array before the loop",
-             ex_hoist, ex_hoist_snd, ex_hoist_restaged, ex_hoist_unary, ex_hoist_chain, ex_hoist_pad, ex_hoist_map_pad),
+             ex_hoist, ex_hoist_snd, ex_hoist_restaged, ex_hoist_whole, ex_hoist_unary, ex_hoist_chain, ex_hoist_pad,
+             ex_hoist_map_pad),
         Rule("move-stage-idempotent", a, (
             rewrite("(Comp (Map m n) (Comp (Map m n) r))", "(Comp (Map m n) r)", a, ["(ismove m)"], subsume=True),
             rewrite("(Comp (Map m n) (Map m n))", "(Map m n)", a, ["(ismove m)"], subsume=True),

@@ -114,6 +114,13 @@ def _view(f: Term, v: Buf, dim: int) -> Buf:
     return Buf(v.space, v.addr, tuple(sh), tuple(st), *_host(f, v, dim))
 
 
+def _in_order(v: Buf) -> bool:
+    """Whether a view's dimensions are in memory order: each (of more than one element, not
+    broadcast) has a stride no smaller than the ones inside it."""
+    strides = [s for n, s in zip(v.shape, v.strides) if n > 1 and s]
+    return strides == sorted(strides, reverse=True)
+
+
 def _host(f: Term, v: Buf, dim: int) -> tuple[Term | None, tuple[Affine, ...]]:
     """The host-side whole-array value of a view of host data, and the indices into it."""
     if v.host is None:
@@ -776,15 +783,19 @@ class Codegen:
         return out
 
     def to_chip(self, space: str, v: object, dest: Buf | None) -> object:
+        """Move v into `space`: loaded from DRAM (through the staging memory), or from another
+        on-chip memory through DRAM. A value already there stays, unless it is a transposed view
+        of it (a later Join could not address it): then it is laid out again in order, through
+        DRAM."""
         if isinstance(v, PairV):
             return PairV(self.to_chip(space, v.a, None), self.to_chip(space, v.b, None))
         if not isinstance(v, Buf):
             raise CodegenError(f"cannot move a {type(v).__name__} to {space}")
-        if v.space == space:
+        if v.space == space and _in_order(v):
             return v
         mem = self.t.memories[space]
         source = mem.load_from or "dram"
-        if v.space not in ("dram", source):  # no path between the two memories: through DRAM
+        if v.space not in ("dram", source) or v.space == space:  # no path (or a transposed view): through DRAM
             v = self.to_dram(v)
         if v.space == "dram" and source != "dram":
             v = self.to_chip(source, v, None)

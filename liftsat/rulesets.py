@@ -20,9 +20,14 @@ def shared_rules() -> list[Rule]:
 
 
 def memory_guards(target: Target) -> tuple[int, int]:
-    """(resident, pinnable): how many result elements, and how many weight elements, the target
-    holds on chip at once (the guards of its band and weight-stationary rules)."""
-    return target.result_capacity // 4, max(m.capacity for m in target.memories.values()) // 4
+    """(resident, pinnable): how many result elements the target holds on chip at once, and how
+    many weight elements its matrix unit reads where they are pinned (the guards of its band and
+    weight-stationary rules). Weights pinned in a staging memory are moved on to the matrix unit
+    at every use (the systolic mesh is preloaded from the scratchpad), so only the memory the
+    matrix operand is read from counts; without a matrix op, the largest memory."""
+    read = {o.op.operand_spaces[0] for o in target.ops if o.op.meaning.op in ("MVMul", "MMMul")}
+    spaces = [m for s, m in target.memories.items() if s in read] or list(target.memories.values())
+    return target.result_capacity // 4, max(m.capacity for m in spaces) // 4
 
 
 def target_rules(target: Target, staged: bool = True) -> list[Rule]:
