@@ -809,13 +809,15 @@ def _reduce_map_to_fold(resident: int) -> Rule:
                 "partial products over a contraction too long for the chip)", ex_reduce_map)
 
 
-def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
+def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20,
+                 banded: int | None = None) -> list[Rule]:
     """Tiling rules and the tiled algebra for each tile size, and reductions streamed when their
     vectors or moved operands do not fit together; `resident` is how many result elements, and
-    `pinnable` how many weight elements, the target can hold on chip at once."""
+    `pinnable` how many weight elements, the target can hold on chip at once, `banded` how many
+    elements of a GEMM's rows and results (resident when not given)."""
     rules: list[Rule] = tiled_algebra_rules(tile_sizes)
     for n in sorted(set(tile_sizes)):
-        rules += _tiling(n, resident, pinnable) + [_merge_row_blocks(n)]
+        rules += _tiling(n, resident if banded is None else banded, pinnable) + [_merge_row_blocks(n)]
     rules += [_reduce_map_to_fold(resident), _reduce_accumulator_on_chip(resident)]
     return rules
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from egraph_rules.algorithmic_rules import common_algorithmic_rules, tiling_rules
-from egraph_rules.dsl_rules import band_rules, dsl_rules
+from egraph_rules.algorithmic_rules import common_algorithmic_rules
+from egraph_rules.dsl_rules import dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.interpreter import BINARY, UNARY
 from egraph_rules.ir import Term
@@ -23,7 +23,7 @@ from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from hwmodels.target import Target
-from liftsat.rulesets import memory_guards
+from liftsat.rulesets import target_band_rules, target_tiling_rules
 
 #: the rules that keep hardware rules' early moves bounded (a value moved twice is moved once)
 MOVE_BOUNDS = ("tochip-elide", "move-stage-idempotent")
@@ -32,8 +32,8 @@ LAYER_OPS = frozenset(("Linear", "LinearNB", "GRUCell", "LSTMCell", "RNNCell"))
 
 #: the phases in order: name and the rules of the phase for a target
 PHASES: tuple[tuple[str, Callable[[Target], list[Rule]]], ...] = (
-    ("lower", lambda t: dsl_rules() + band_rules(*memory_guards(t))),
-    ("tile", lambda t: tiling_rules((t.native_dim,), *memory_guards(t))),
+    ("lower", lambda t: dsl_rules() + target_band_rules(t)),
+    ("tile", target_tiling_rules),
     ("restructure", lambda t: common_algorithmic_rules()),
 )
 

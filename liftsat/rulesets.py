@@ -4,6 +4,8 @@ its native size and memories, and its hardware rules)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from egraph_rules.algorithmic_rules import common_algorithmic_rules, staging_rules, tiling_rules
 from egraph_rules.dsl_rules import band_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
@@ -19,25 +21,50 @@ def shared_rules() -> list[Rule]:
     return dsl_rules()
 
 
-def memory_guards(target: Target) -> tuple[int, int]:
-    """(resident, pinnable): how many result elements the target holds on chip at once, and how
-    many weight elements its matrix unit reads where they are pinned (the guards of its band and
-    weight-stationary rules). Weights pinned in a staging memory are moved on to the matrix unit
-    at every use (the systolic mesh is preloaded from the scratchpad), so only the memory the
-    matrix operand is read from counts; without a matrix op, the largest memory."""
-    read = {o.op.operand_spaces[0] for o in target.ops if o.op.meaning.op in ("MVMul", "MMMul")}
+class MemoryGuards(NamedTuple):
+    """What the guards of a target's band, weight-stationary and streamed-reduction rules compare
+    with, in elements: `resident`, the results its result memory holds at once; `pinnable`, the
+    weights its matrix unit reads where they are pinned; `banded`, a band's rows and results."""
+
+    resident: int
+    pinnable: int
+    banded: int
+
+
+def memory_guards(target: Target) -> MemoryGuards:
+    """The target's guard sizes. Weights pinned in a staging memory are moved on to the matrix
+    unit at every use (the systolic mesh is preloaded from the scratchpad), so only the memory
+    the matrix operand is read from counts (without a matrix op, the largest memory). A band's
+    rows share the result memory with its results, unless the matrix unit reads its rows from
+    another one (VTA's input buffer, the systolic array's scratchpad): then the result memory
+    holds only results and partial products, and counts twice for a band."""
+    mats = [o.op for o in target.ops if o.op.meaning.op in ("MVMul", "MMMul")]
+    read = {op.operand_spaces[0] for op in mats}
     spaces = [m for s, m in target.memories.items() if s in read] or list(target.memories.values())
-    return target.result_capacity // 4, max(m.capacity for m in spaces) // 4
+    resident = target.result_capacity // 4
+    rows_apart = bool(mats) and all(op.operand_spaces[1] != op.result_space for op in mats)
+    return MemoryGuards(resident, max(m.capacity for m in spaces) // 4, resident * (2 if rows_apart else 1))
+
+
+def target_band_rules(target: Target) -> list[Rule]:
+    """The DSL band rules with the target's guards."""
+    g = memory_guards(target)
+    return band_rules(g.banded, g.pinnable)
+
+
+def target_tiling_rules(target: Target) -> list[Rule]:
+    """The tiling rules at the target's native size with its guards."""
+    g = memory_guards(target)
+    return tiling_rules((target.native_dim,), g.resident, g.pinnable, g.banded)
 
 
 def target_rules(target: Target, staged: bool = True) -> list[Rule]:
     """The rules a target's programs grow with after the shared phase: Lift's structural,
     movement and im2col rules, bands and tiles sized to its memories and native size, loads
     through its staging memories split in two (unless not `staged`), and its hardware rules."""
-    resident, pinnable = memory_guards(target)
     stages = target.staging if staged else {}
-    return (common_algorithmic_rules() + band_rules(resident, pinnable)
-            + tiling_rules((target.native_dim,), resident, pinnable) + staging_rules(stages, target.native_dim)
+    return (common_algorithmic_rules() + target_band_rules(target)
+            + target_tiling_rules(target) + staging_rules(stages, target.native_dim)
             + hardware_rules(target.device_ops(), target.native_dim))
 
 
