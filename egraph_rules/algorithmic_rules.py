@@ -495,10 +495,11 @@ def _movement() -> list[Rule]:
                     f"(rule ((= e (Fold op (TP a xs))) {stages} (= {names[-1]} {fork_before}) (inspace op sp)) "
                     f"((union e (Comp (Fold {chain(prefix, fork_after)} (TP a xs)) "
                     f"(Fork (Comp (ToChip sp a) (Fst (TP a xs))) (Snd (TP a xs)))))) :ruleset {a})")
-    hoist = [rewrite(f"(Map {chain(p, '(ToChip sp t)')} n)", f"(Comp (Map {chain(p, None)} n) (ToChip sp (TA t n)))", a)
-             for p in prefixes]
-    for fork_l, fork_r in (("(Fork (ToChip sp t) h)", "(Fork (Id t) h)"), ("(Fork h (ToChip sp t))", "(Fork h (Id t))")):
-        hoist += [rewrite(f"(Map {chain(p, fork_l)} n)", f"(Comp (Map {chain(p, fork_r)} n) (ToChip sp (TA t n)))", a)
+    # the move ends the body, or moves the whole element in one branch of a Fork
+    hoist = []
+    for moved, left in (("(ToChip sp t)", None), ("(Fork (ToChip sp t) h)", "(Fork (Id t) h)"),
+                        ("(Fork h (ToChip sp t))", "(Fork h (Id t))")):
+        hoist += [rewrite(f"(Map {chain(p, moved)} n)", f"(Comp (Map {chain(p, left)} n) (ToChip sp (TA t n)))", a)
                   for p in prefixes]
     for pad in ("(Pad l r u)", "(Map (Pad l r u) k)"):   # padding before the move: padded in a loop of its own
         hoist += [rewrite(f"(Map {chain(p, f'(Comp (ToChip sp t) {pad})')} n)",

@@ -33,6 +33,11 @@ class DeviceOp:
         return tuple(zip(t.args, self.operand_spaces))
 
     @property
+    def is_matrix(self) -> bool:
+        """Whether it multiplies by a matrix (MVMul, MMMul): the ops that read weights."""
+        return self.meaning.op in ("MVMul", "MMMul")
+
+    @property
     def term(self) -> Term:
         """The Dev node standing for this operator."""
         return T("Dev", self.name, fin(self.meaning), fout(self.meaning))
@@ -106,7 +111,7 @@ def _scaled(t: Term, k: int) -> Term:
 def hardware_rules(ops: list[DeviceOp], native: int) -> list[Rule]:
     """One rule per device op: its meaning is replaced by the op applied to its moved operands;
     and for the ops that read a matrix, moving operands before tiling."""
-    rules = [early_move_rule(op, native) for op in ops if op.meaning.op in ("MVMul", "MMMul")]
+    rules = [early_move_rule(op, native) for op in ops if op.is_matrix]
     for op in ops:
         dev = op.term.sexpr
         text = (

@@ -38,7 +38,7 @@ def memory_guards(target: Target) -> MemoryGuards:
     rows share the result memory with its results, unless the matrix unit reads its rows from
     another one (VTA's input buffer, the systolic array's scratchpad): then the result memory
     holds only results and partial products, and counts twice for a band."""
-    mats = [o.op for o in target.ops if o.op.meaning.op in ("MVMul", "MMMul")]
+    mats = [o.op for o in target.ops if o.op.is_matrix]
     read = {op.operand_spaces[0] for op in mats}
     spaces = [m for s, m in target.memories.items() if s in read] or list(target.memories.values())
     resident = target.result_capacity // 4
