@@ -29,7 +29,12 @@ class CodegenError(RuntimeError):
 
 
 class CapacityError(CodegenError):
-    """The program needs more of an on-chip memory than there is."""
+    """The program needs more of an on-chip memory than there is (`per_iteration`: with some
+    loads given a buffer per iteration, `Codegen.load_buffer`)."""
+
+    def __init__(self, message: str, per_iteration: bool = False):
+        super().__init__(message)
+        self.per_iteration = per_iteration
 
 
 @dataclass(frozen=True)
@@ -251,11 +256,13 @@ def _host_layout(f: Term) -> bool:
 class Codegen:
     """Compiles one term for one target."""
 
-    def __init__(self, target: Target, bounded: bool = True):
+    def __init__(self, target: Target, bounded: bool = True, per_iteration: bool = True):
         """bounded: every buffer gets memory of its own, and the running total must fit; when
-        not, only each buffer alone must fit (buffers then share memory by lifetime)."""
+        not, only each buffer alone must fit (buffers then share memory by lifetime).
+        per_iteration: see `load_buffer`."""
         self.t = target
         self.bounded = bounded
+        self.per_iteration = per_iteration
         self.buffers: list[Buffer] = []
         self.n = target.native_dim
         self.ops: dict[str, OpSpec] = target.op_by_name
@@ -271,6 +278,10 @@ class Codegen:
         #: apart by memory sharing, so that one step's loads fill while the other step works
         self.double: dict[Buffer, int] = {}
         self.shared: dict[tuple[Term, object], object] = {}
+        #: the counter and trip count of each Map loop being compiled, innermost last
+        self.iterations: list[tuple[Affine, int]] = []
+        #: how many loads got a buffer per iteration (`load_buffer`)
+        self.spread = 0
 
     # ------------------------------------------------------------ memory
 
@@ -292,11 +303,33 @@ class Codegen:
         self.alloc[space] = base + padded
         if space != "dram":
             self.buffers.append(Buffer(space, base, padded))
-            cap = self.t.memories[space].capacity // 4
+            cap = self.room(space)
             need = self.alloc[space] if self.bounded else padded
             if need > cap:
                 raise CapacityError(f"{space} overflow: the program needs {need * 4} bytes, capacity {cap * 4}")
         return _dense(space, base, shape)
+
+    def room(self, space: str) -> int:
+        """The elements an on-chip memory holds."""
+        return self.t.memories[space].capacity // 4
+
+    def load_buffer(self, space: str, v: Buf) -> Buf:
+        """The buffer a load of v into space fills. Inside a Map whose counter v's address
+        follows, a load whose transfer takes at least its latency gets a buffer per iteration
+        where all of them fit: the DMA then streams such loads back to back, as the cost model
+        assumes, instead of waiting for the previous iteration's readers, which an in-order
+        unit busy with other work can hold back (a GRU's gate sums on VTA). A shorter load
+        keeps one buffer, whose round trip per iteration the cost model charges."""
+        mem = self.t.memories[space]
+        bandwidth, latency = (mem.bandwidth, mem.latency) if mem.load_from else (self.t.dram.bandwidth, self.t.dram.latency)
+        if self.per_iteration and self.iterations and math.prod(v.shape) * 4 >= latency * bandwidth:
+            i, n = self.iterations[-1]
+            size = n * math.prod(v.shape[:-1]) * self.row_room(v.shape[-1])
+            taken = self.alloc[space] if self.bounded else 0
+            if dict(i.terms).keys() & dict(v.addr.terms).keys() and taken + size <= self.room(space):
+                self.spread += 1
+                return _index(self.allocate(space, (n, *v.shape)), i)
+        return self.allocate(space, v.shape)
 
     def host_copy(self, v: Buf) -> Buf:
         """A contiguous host layout of a (strided) view of host data, indexed like the view (one
@@ -558,7 +591,11 @@ class Codegen:
         out = dest
 
         def one(i: Affine) -> None:
-            got = self.apply(core, _index(v, i), _index(out, i))
+            self.iterations.append((i, n))
+            try:
+                got = self.apply(core, _index(v, i), _index(out, i))
+            finally:
+                self.iterations.pop()
             if got != _index(out, i):
                 raise CodegenError(f"Map body {core.op} does not produce its result in place")
 
@@ -803,7 +840,7 @@ class Codegen:
             raise CodegenError(f"moving data from {v.space} to {space} is not supported")
         if v.host is not None and not self._loadable(v, mem.load_unit == "tile"):
             v = self.host_copy(v)
-        out = dest if dest is not None else self.allocate(space, v.shape)
+        out = dest if dest is not None else self.load_buffer(space, v)
         by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else None
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
@@ -890,14 +927,28 @@ def generate(term: Term, target: Target) -> Program:
     overlap share memory (the program is compiled again without the running total's check),
     a Fold's two steps keeping their buffers apart where that fits too (else only those of the
     innermost Folds, else none), placed in order of first use; where none of those fits, the
-    same plans placed largest first."""
+    same plans placed largest first. Loads that stream get a buffer per iteration of their Map
+    where it fits (`Codegen.load_buffer`); a program that then fits no plan is compiled again
+    without."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:
-        return _generate(term, Codegen(target))
+        return _laid_out(term, target, per_iteration=True)
+    except CapacityError as exc:
+        if not exc.per_iteration:
+            raise
+    return _laid_out(term, target, per_iteration=False)
+
+
+def _laid_out(term: Term, target: Target, per_iteration: bool) -> Program:
+    """The program compiled with buffers of their own, else sharing memory by lifetime (see
+    `generate`); per_iteration: see `Codegen.load_buffer`."""
+    first = Codegen(target, per_iteration=per_iteration)
+    try:
+        return _generate(term, first)
     except CapacityError as exc:
         overflow = exc
-    cg = Codegen(target, bounded=False)
+    cg = Codegen(target, bounded=False, per_iteration=per_iteration)
     try:
         laid_out = _generate(term, cg)
         inner = innermost(laid_out, cg.double)
@@ -912,10 +963,11 @@ def generate(term: Term, target: Target) -> Program:
                 if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
                     return program
     except (CodegenError, PlanError):
+        overflow.per_iteration = bool(first.spread or cg.spread)
         raise overflow from None
     space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)
     raise CapacityError(f"{space} overflow: the program needs {need[space]} bytes with buffers sharing memory by "
-                        f"lifetime, capacity {target.memories[space].capacity}")
+                        f"lifetime, capacity {target.memories[space].capacity}", bool(first.spread or cg.spread))
 
 
 def _generate(term: Term, cg: Codegen) -> Program:

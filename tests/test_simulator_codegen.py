@@ -374,3 +374,58 @@ def test_buffers_whose_lifetimes_do_not_overlap_share_memory():
     assert run.cycles == timing.cycles
     with pytest.raises(CodegenError, match="overflow: the program needs 32 bytes with buffers sharing memory"):
         generate(term, _with_memory(VRF, 2 * N * 4 - 4))
+
+
+def tile_products(tiles: int) -> Term:
+    """Ws -> each N x N tile of Ws times x: a Map whose body loads its tile (x is pinned)."""
+    x = T("Const", T("App", T("ToChip", VRF, V(N)), T("Var", "x", V(N))), M(N, N))
+    body = comp(dev("mv_mul"), T("Fork", T("ToChip", MRF, M(N, N)), x))
+    return comp(T("Map", body, tiles), T("Split", N, M(tiles * N, N)))
+
+
+def tile_products_program(tiles: int) -> Term:
+    return T("App", comp(T("ToOutput", M(tiles, N)), tile_products(tiles)), T("Var", "Ws", M(tiles * N, N)))
+
+
+def _with_dram_latency(target, latency: int):
+    return dataclasses.replace(target, dram=dataclasses.replace(target.dram, latency=latency))
+
+
+@pytest.mark.parametrize("latency,room,per_iteration", [(1, 3, True), (100, 3, False), (1, 2, False)])
+def test_loads_that_stream_get_a_buffer_per_iteration_where_they_fit(latency, room, per_iteration):
+    """A tile load that takes at least its latency to transfer (16 elements at 64 bytes per cycle:
+    latency 1) is given a buffer per iteration of the Map around it, so the DMA need not wait for
+    the previous iteration's product to read its tile; a load shorter than its latency, or tiles
+    that do not all fit, keep one buffer. The products are right either way."""
+    tiles = 3
+    target = _with_memory(MRF, room * N * N * 4)
+    program = generate(tile_products_program(tiles), _with_dram_latency(target, latency))
+    loads = [ins for ins in program.body[0].body if ins.mnemonic == "m_rd"]
+    assert len(loads) == 1 and isinstance(program.body[0], Loop)
+    assert bool(loads[0].dst.addr.terms) == per_iteration
+    rng = np.random.default_rng(5)
+    ws, xv = rng.standard_normal((tiles * N, N)).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    run, timing = both(program, {"Ws": ws, "x": xv})
+    want = np.stack([ws[i * N:(i + 1) * N].astype(np.float64) @ xv for i in range(tiles)])
+    np.testing.assert_allclose(run.output, want, rtol=1e-5, atol=1e-6)
+    assert run.cycles == timing.cycles
+
+
+def test_a_program_that_fits_only_without_buffers_per_iteration_is_compiled_again_without():
+    """The tiles' three buffers fit the matrix register file alone, but not beside a matrix
+    pinned there for the whole program (which the products are then multiplied by): the program
+    is compiled again with one tile buffer, which fits, and computes the same."""
+    tiles = 3
+    pinned = T("Const", T("App", T("ToChip", MRF, M(N, N)), T("Var", "W2", M(N, N))), V(N))
+    second = T("Map", comp(dev("mv_mul"), T("Fork", pinned, T("Id", V(N)))), tiles)
+    term = T("App", comp(T("ToOutput", M(tiles, N)), second, tile_products(tiles)), T("Var", "Ws", M(tiles * N, N)))
+    target = _with_dram_latency(_with_memory(MRF, tiles * N * N * 4), 1)
+    program = generate(term, target)
+    assert program.memory_sizes[MRF] == 2 * N * N
+    assert not program.body[0].body[0].dst.addr.terms                   # the tiles' one buffer
+    rng = np.random.default_rng(6)
+    ws, w2, xv = (rng.standard_normal(s).astype(np.float32) for s in ((tiles * N, N), (N, N), (N,)))
+    run, timing = both(program, {"Ws": ws, "W2": w2, "x": xv})
+    want = np.stack([w2.astype(np.float64) @ (ws[i * N:(i + 1) * N].astype(np.float64) @ xv) for i in range(tiles)])
+    np.testing.assert_allclose(run.output, want, rtol=1e-4, atol=1e-5)
+    assert run.cycles == timing.cycles
