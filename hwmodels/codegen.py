@@ -280,8 +280,8 @@ class Codegen:
         self.shared: dict[tuple[Term, object], object] = {}
         #: the counter and trip count of each Map loop being compiled, innermost last
         self.iterations: list[tuple[Affine, int]] = []
-        #: how many loads got a buffer per iteration (`load_buffer`)
-        self.spread = 0
+        #: whether some load got a buffer per iteration (`load_buffer`)
+        self.spread = False
 
     # ------------------------------------------------------------ memory
 
@@ -313,21 +313,20 @@ class Codegen:
         """The elements an on-chip memory holds."""
         return self.t.memories[space].capacity // 4
 
-    def load_buffer(self, space: str, v: Buf) -> Buf:
+    def load_buffer(self, space: str, v: Buf, bandwidth: int, latency: int) -> Buf:
         """The buffer a load of v into space fills. Inside a Map whose counter v's address
         follows, a load whose transfer takes at least its latency gets a buffer per iteration
         where all of them fit: the DMA then streams such loads back to back, as the cost model
         assumes, instead of waiting for the previous iteration's readers, which an in-order
         unit busy with other work can hold back (a GRU's gate sums on VTA). A shorter load
-        keeps one buffer, whose round trip per iteration the cost model charges."""
-        mem = self.t.memories[space]
-        bandwidth, latency = (mem.bandwidth, mem.latency) if mem.load_from else (self.t.dram.bandwidth, self.t.dram.latency)
+        keeps one buffer, whose round trip per iteration the cost model charges. bandwidth and
+        latency: the load's path (DRAM's, or its staging memory's)."""
         if self.per_iteration and self.iterations and math.prod(v.shape) * 4 >= latency * bandwidth:
             i, n = self.iterations[-1]
             size = n * math.prod(v.shape[:-1]) * self.row_room(v.shape[-1])
             taken = self.alloc[space] if self.bounded else 0
             if dict(i.terms).keys() & dict(v.addr.terms).keys() and taken + size <= self.room(space):
-                self.spread += 1
+                self.spread = True
                 return _index(self.allocate(space, (n, *v.shape)), i)
         return self.allocate(space, v.shape)
 
@@ -840,8 +839,9 @@ class Codegen:
             raise CodegenError(f"moving data from {v.space} to {space} is not supported")
         if v.host is not None and not self._loadable(v, mem.load_unit == "tile"):
             v = self.host_copy(v)
-        out = dest if dest is not None else self.load_buffer(space, v)
-        by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else None
+        by = (mem.loader, mem.bandwidth, mem.latency) if mem.load_from else ("dma", self.t.dram.bandwidth,
+                                                                              self.t.dram.latency)
+        out = dest if dest is not None else self.load_buffer(space, v, by[1], by[2])
         self.transfer("load", mem.load_mnemonic, out, v, tile=mem.load_unit == "tile", by=by)
         return out
 
@@ -963,11 +963,11 @@ def _laid_out(term: Term, target: Target, per_iteration: bool) -> Program:
                 if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
                     return program
     except (CodegenError, PlanError):
-        overflow.per_iteration = bool(first.spread or cg.spread)
+        overflow.per_iteration = first.spread or cg.spread
         raise overflow from None
     space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)
     raise CapacityError(f"{space} overflow: the program needs {need[space]} bytes with buffers sharing memory by "
-                        f"lifetime, capacity {target.memories[space].capacity}", bool(first.spread or cg.spread))
+                        f"lifetime, capacity {target.memories[space].capacity}", first.spread or cg.spread)
 
 
 def _generate(term: Term, cg: Codegen) -> Program:
