@@ -266,14 +266,18 @@ def test_chain_rules_are_found():
 @settings(max_examples=4, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_rule_preserves_meaning_in_the_middle_of_a_chain(name, seed):
-    """The example Comp(A, B) becomes Comp(A, Comp(B, Id)): only the mid-chain variant matches.
-    (The extra examples stand in for a rule's own where those do not match it at all.)"""
+    """The example Comp(A, B) becomes Comp(A, Comp(B, Id)), an Id after the last stage of a
+    longer chain Comp(A, Comp(B, C)): only the mid-chain variant matches. (The extra examples
+    stand in for a rule's own where those do not match it at all.)"""
     rule = RULES_BY_NAME[name]
+
+    def extended(t: Term) -> Term:
+        return T("Comp", t.args[0], extended(t.args[1])) if t.op == "Comp" else T("Comp", t, T("Id", fin(t)))
+
     for i, make in enumerate(EXTRA_EXAMPLES.get(name, rule.examples)):
         example = make(np.random.default_rng([seed, i]))
         assert example.op == "Comp", f"{name}: example {example} is not a composition"
-        a, b = example.args
-        check_rule_example(rule, T("Comp", a, T("Comp", b, T("Id", fin(b)))), seed)
+        check_rule_example(rule, extended(example), seed)
 
 
 # ---------------------------------------------------------------- the checker itself

@@ -87,3 +87,18 @@ def test_a_transposed_accumulator_view_moved_in_place_is_laid_out_again():
     assert r.ops["preload"] == 2 * 2 and r.ops["compute"] == 64 * 2 * 2      # 2 x 2 tiles, 64 pixels
     assert r.ops["mvout"] == 2 * 64 * 2                                       # re-laid out, then the result
     assert r.cycles < 1_500
+
+
+def test_an_activation_after_padded_bands_runs_in_the_band_loop():
+    """Conv2d(16, 32, 3) + ReLU on 16 x 16 on the systolic array: six bands of 46 rows, the last
+    padded. The ReLU over the 256 pixels moves through the Split and the Slice that drop the
+    padding (map-through-slice) into each band, so each band's output is
+    activated and stored before the next band: the whole output never sits in the accumulator
+    beside a band's products (16,960 of its 16,384 elements), which left only the per-pixel
+    program (78,728 simulated cycles)."""
+    r = optimize(["Conv2d(16, 32, 3, padding=1)", "ReLU()"], (1, 16, 16, 16), target="systolic")
+    assert r.max_rel_error <= 1e-4
+    assert r.egraph.matches_per_rule.get("map-through-slice", 0) > 0
+    assert r.ops["preload"] == 6 * 2 * 9 and r.ops["relu"] == 6 * 46 * 2     # padding rows activated too
+    assert r.cycles < 20_000
+    assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
