@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from egraph_rules.hardware_rules import DeviceOp
-from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, ta, ts
+from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, shape_of, ta, ts
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
@@ -287,9 +287,15 @@ class CycleCost:
         units on the first run only (later runs are prefetched while the loop body works; the
         `cold` component), but every run when the first read needs more than the first unit (the
         units are freed in another order than they are loaded, so the next run's cannot be
-        prefetched). Every run lengthens the `chain` by its `recurrence`."""
+        prefetched). Every run lengthens the `chain` by its `recurrence`. A value the memory's
+        units do not tile (rows of whole native vectors; for tiles, whole N x N blocks) cannot be
+        moved: NEVER."""
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity or not (from_dram or mem.load_from):
+            return NEVER
+        n, dims = self.t.native_dim, (2 if mem.load_unit == "tile" else 1)
+        shape = shape_of(t)
+        if len(shape) < dims or any(d % n for d in shape[-dims:]):
             return NEVER
         need = self.first_read_units(space, t)
         first = self.wait(space, t, need, cold=True, from_dram=from_dram)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from egraph_rules.ir import ta, tensor_type, tp, ts
+from hwmodels.target import NEVER
 from liftsat.api import optimize
 from liftsat.targets import BUILTIN, get_target
 
@@ -102,6 +103,16 @@ def test_loads_outside_every_loop_run_once() -> None:
     load = cm.local("ToChip", ("bw.vrf", ta(F32, 128)))
     assert cm.counted(load, 1) == load                  # not a loop's body: the loop around it settles it
     assert cm.scalar(load) == max(cm.settled(load, 1))
+
+
+def test_a_load_its_memory_units_do_not_tile_is_never_taken() -> None:
+    cm = get_target("brainwave", 32).cost_model()
+    assert cm.t.memories["bw.mrf"].load_unit == "tile"
+    assert cm.local("ToChip", ("bw.mrf", tensor_type("f32", (64, 32)))) != NEVER
+    assert cm.local("ToChip", ("bw.mrf", tensor_type("f32", (48, 32)))) == NEVER   # 1.5 tiles of rows
+    assert cm.local("ToChip", ("bw.mrf", ta(F32, 32))) == NEVER                     # not even one tile
+    assert cm.local("ToChip", ("bw.vrf", ta(F32, 64))) != NEVER
+    assert cm.local("ToChip", ("bw.vrf", ta(F32, 48))) == NEVER                     # 1.5 native vectors
 
 
 def test_tile_reads_of_a_vector_loaded_slab_wait_for_the_tiles_last_row() -> None:
