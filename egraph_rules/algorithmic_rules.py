@@ -9,7 +9,7 @@ from __future__ import annotations
 from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, ELEMENTWISE_UNARY_OPS, REDUCTION_IDENTITY, T, Term, comp, tp
 from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
 from egraph_rules.rule_examples import mat, pick, var, vec
-from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk, weight_reuse_guards
+from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk
 
 #: how many stages a loop body may run after a move for the move to be hoisted out of the loop
 HOIST_DEPTH = 3
@@ -168,7 +168,7 @@ def _stationary_tiles(N: int, padded: bool) -> str:
                   f"(Fork {chain(ws, f'(Snd {p})')} {chain(xs, f'(Fst {p})')})"], None)
 
 
-def _tiling(n_: int, resident: int, pinnable: int, shallow: int) -> list[Rule]:
+def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     a = "algorithmic"
     N = n_
 
@@ -271,27 +271,25 @@ def _tiling(n_: int, resident: int, pinnable: int, shallow: int) -> list[Rule]:
             ["(Slice 0 n (TA s n2))", f"({op} (TP (TA s n2) (TA s n2)))",
              "(Fork g (Comp (Pad 0 (- n2 n) (TA s n)) h))"], a, [f"(= 0 (% n2 {N}))"])
     return [
-        Rule(f"mmmul-weight-stationary/{N}", a, tuple(rewrite(
+        Rule(f"mmmul-weight-stationary/{N}", a, (rewrite(
             "(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))",
             f"(Comp (Map (Join (TA (TA s {N}) (/ o {N}))) n) (Comp (Transpose (TA (TA (TA s {N}) n) (/ o {N}))) "
             f"(Comp (Map (Comp (Map (Comp (MVMul (TP (TA (TA s k) {N}) (TA s k))) {ws_swap_el}) n) "
             f"(Comp (DistR (TP (TA (TA s k) n) (TA (TA s k) {N}))) {ws_swap_in})) (/ o {N})) "
             f"(Comp (DistR (TP {ws_blocks} (TA (TA s k) n))) "
             f"(Fork (Comp (Split {N} (TA (TA s k) o)) (Comp (Transpose (TA (TA s o) k)) (Snd {ws_in}))) (Fst {ws_in}))))))",
-            a, [f"(= 0 (% o {N}))", "(> n 1)", f"(<= (* n (+ o k)) {resident})", *weights])
-            for weights in weight_reuse_guards(pinnable, shallow, "n")),
+            a, [f"(= 0 (% o {N}))", "(> n 1)", f"(<= (* n (+ o k)) {resident})", f"(> (* k o) {pinnable})"]),),
              f"output columns o divisible by {N}, more than one row, the n x k rows and the n x o result "
              f"fit on chip together ({resident} elements) and the k x o weights do not ({pinnable} "
-             f"elements; pinned weights need no reuse), or o < {shallow} <= n o (the rows' adds hide the adder's "
-             f"latency)",
+             f"elements; pinned weights need no reuse)",
              f"A . B = for each block of {N} output columns (a weight block), for each row a of A: "
              f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
              f"once for all rows", ex_ws),
         Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
             rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, padded), a,
                     [f"(= 0 (% o {N}))", f"({'!=' if padded else '='} 0 (% k {N}))", "(> n 1)",
-                     f"(<= (* n (+ o k)) {resident})", *weights])
-            for padded in (False, True) for weights in weight_reuse_guards(pinnable, shallow, "n")),
+                     f"(<= (* n (+ o k)) {resident})", f"(> (* k o) {pinnable})"])
+            for padded in (False, True)),
              f"as mmmul-weight-stationary/{N}; the k columns padded with zeros to whole tiles",
              f"A . B = for each block j of {N} output columns, the sum over the {N} x {N} tiles (j, t) of: for "
              f"each row a of A, MVMul(tile, a's slice t): each tile is moved to the matrix unit once for all rows "
@@ -813,15 +811,14 @@ def _reduce_map_to_fold(resident: int) -> Rule:
 
 
 def tiling_rules(tile_sizes: tuple[int, ...], resident: int = 1 << 20, pinnable: int = 1 << 20,
-                 banded: int | None = None, shallow: int = 0) -> list[Rule]:
+                 banded: int | None = None) -> list[Rule]:
     """Tiling rules and the tiled algebra for each tile size, and reductions streamed when their
     vectors or moved operands do not fit together; `resident` is how many result elements, and
     `pinnable` how many weight elements, the target can hold on chip at once, `banded` how many
-    elements of a GEMM's rows and results (resident when not given), `shallow` the row widths
-    whose reduction waits on the adder (`weight_reuse_guards`)."""
+    elements of a GEMM's rows and results (resident when not given)."""
     rules: list[Rule] = tiled_algebra_rules(tile_sizes)
     for n in sorted(set(tile_sizes)):
-        rules += _tiling(n, resident if banded is None else banded, pinnable, shallow) + [_merge_row_blocks(n)]
+        rules += _tiling(n, resident if banded is None else banded, pinnable) + [_merge_row_blocks(n)]
     rules += [_reduce_map_to_fold(resident), _reduce_accumulator_on_chip(resident)]
     return rules
 

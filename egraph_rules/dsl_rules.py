@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, ta, tensor_type, ts
-from egraph_rules.rules import Rule, rewrite, weight_reuse_guards
+from egraph_rules.rules import Rule, rewrite
 
 
 def _dims(rng: np.random.Generator) -> tuple[int, int]:
@@ -141,10 +141,9 @@ def _cell_example(op: str):
     return example
 
 
-def band_rules(resident: int = 1 << 20, pinnable: int = 1 << 20, shallow: int = 0) -> list[Rule]:
+def band_rules(resident: int = 1 << 20, pinnable: int = 1 << 20) -> list[Rule]:
     """A batch of rows in bands whose rows and results take at most a quarter of `resident`
-    elements when the weights do not fit in `pinnable`, or do but a row has fewer than `shallow`
-    results (`weight_reuse_guards`): the target's memory sizes and adder decide."""
+    elements when the weights do not fit in `pinnable`: the target's memory sizes decide."""
     return [
         Rule(
             "batched-linear-bands",
@@ -157,13 +156,11 @@ def band_rules(resident: int = 1 << 20, pinnable: int = 1 << 20, shallow: int = 
                     "(Pad 0 (- (* r nb) n) (TA (TA s k) n))))))",
                     "dsl",
                     ["(= (TA (TA s k) o) (ty w))", f"(= r (/ {resident // 4} (+ o k)))", "(>= r 2)", "(< r n)",
-                     *weights, "(= nb (/ (+ n (- r 1)) r))"],
+                     f"(> (* k o) {pinnable})", "(= nb (/ (+ n (- r 1)) r))"],
                 )
                 for layer in ("Linear w b", "LinearNB w")
-                for weights in weight_reuse_guards(pinnable, shallow, "r")
             ),
-            f"the weights do not fit on chip ({pinnable} elements), or a row has fewer than {shallow} results "
-            f"and a band at least as many; bands of r = {resident // 4} / (k + o) rows "
+            f"the weights do not fit on chip ({pinnable} elements); bands of r = {resident // 4} / (k + o) rows "
             f"(a quarter of the result memory: the rest holds weight blocks, copies and outputs), padded to "
             f"whole bands",
             "Linear over n rows = Linear over bands of r rows (the last band padded with zero rows, their "

@@ -88,19 +88,6 @@ def rewrite(lhs: str, rhs: str, level: str, when: list[str] | None = None, subsu
     return f"(rewrite {lhs} {rhs}{cond}{sub} :ruleset {level})"
 
 
-def weight_reuse_guards(pinnable: int, shallow: int, rows: str) -> list[list[str]]:
-    """The alternative guards on a batch's k x o weights of the rules that pass every row of a
-    band (of `rows` rows) through each weight block once (bands, weight-stationary loops): the
-    weights do not fit in `pinnable` elements, so they are reused; or they do, but a row's o
-    results are fewer than `shallow` and the band's are not, so a band gives each step of a
-    row's reduction enough independent adds to hide the latency of an adder that shares the
-    matrix unit (none when 0)."""
-    guards = [[f"(> (* k o) {pinnable})"]]
-    if shallow:
-        guards.append([f"(<= (* k o) {pinnable})", f"(< o {shallow})", f"(>= (* {rows} o) {shallow})"])
-    return guards
-
-
 def chain_rewrites(lhs: list[str], rhs: list[str], level: str, when: list[str] | None = None) -> tuple[str, ...]:
     """A rewrite of a composition chain, at the end of a chain and in the middle of one."""
     return (

@@ -24,13 +24,11 @@ def shared_rules() -> list[Rule]:
 class MemoryGuards(NamedTuple):
     """What the guards of a target's band, weight-stationary and streamed-reduction rules compare
     with, in elements: `resident`, the results its result memory holds at once; `pinnable`, the
-    weights its matrix unit reads where they are pinned; `banded`, a band's rows and results;
-    `shallow`, the row widths below which a row's reduction waits on its adder."""
+    weights its matrix unit reads where they are pinned; `banded`, a band's rows and results."""
 
     resident: int
     pinnable: int
     banded: int
-    shallow: int
 
 
 def memory_guards(target: Target) -> MemoryGuards:
@@ -39,32 +37,25 @@ def memory_guards(target: Target) -> MemoryGuards:
     the matrix operand is read from counts (without a matrix op, the largest memory). A band's
     rows share the result memory with its results, unless the matrix unit reads its rows from
     another one (VTA's input buffer, the systolic array's scratchpad): then the result memory
-    holds only results and partial products, and counts twice for a band. Where the adder runs on
-    the matrix unit's own in-order unit (VTA's compute module, the cpu's pipeline), a row's
-    reduction adds its o results' N-element vectors at each step and then waits out the adder's
-    latency: below N x latency / occupancy results (VTA: 384) the unit idles, and a band whose
-    rows together have that many is worth having even for weights that are pinned."""
+    holds only results and partial products, and counts twice for a band."""
     mats = [o.op for o in target.ops if o.op.is_matrix]
     read = {op.operand_spaces[0] for op in mats}
     spaces = [m for s, m in target.memories.items() if s in read] or list(target.memories.values())
     resident = target.result_capacity // 4
     rows_apart = bool(mats) and all(op.operand_spaces[1] != op.result_space for op in mats)
-    units = {op.unit for op in target.ops if op.op.is_matrix}
-    adders = [op for op in target.ops if op.op.meaning.op == "VVAdd" and op.unit in units]
-    shallow = max((target.native_dim * op.latency // op.occupancy for op in adders), default=0)
-    return MemoryGuards(resident, max(m.capacity for m in spaces) // 4, resident * (2 if rows_apart else 1), shallow)
+    return MemoryGuards(resident, max(m.capacity for m in spaces) // 4, resident * (2 if rows_apart else 1))
 
 
 def target_band_rules(target: Target) -> list[Rule]:
     """The DSL band rules with the target's guards."""
     g = memory_guards(target)
-    return band_rules(g.banded, g.pinnable, g.shallow)
+    return band_rules(g.banded, g.pinnable)
 
 
 def target_tiling_rules(target: Target) -> list[Rule]:
     """The tiling rules at the target's native size with its guards."""
     g = memory_guards(target)
-    return tiling_rules((target.native_dim,), g.resident, g.pinnable, g.banded, g.shallow)
+    return tiling_rules((target.native_dim,), g.resident, g.pinnable, g.banded)
 
 
 def target_rules(target: Target, staged: bool = True) -> list[Rule]:

@@ -51,22 +51,6 @@ def test_weights_count_as_pinned_only_where_the_matrix_unit_reads_them():
     assert memory_guards(brainwave).pinnable == brainwave.memories["bw.mrf"].capacity // 4
 
 
-def test_pinned_weights_run_in_bands_where_a_row_reduction_waits_on_the_adder():
-    """VTA's GEMM and ALU share one in-order unit, whose add takes 48 cycles for an occupancy of
-    2: a row of fewer than 16 x 24 = 384 results cannot hide it, so bands are offered even for
-    weights that are pinned (not on brainwave, whose adds run on their own unit). Conv2d 3x3
-    16->32 + ReLU on 16x16: per pixel, the nine taps' two 16-wide products summed one step after
-    another ran 144,988 cycles; in bands, each step adds a band of pixels."""
-    assert memory_guards(get_target("vta")).shallow == 16 * 48 // 2
-    assert memory_guards(get_target("cpu")).shallow == 8 * 5 // 1
-    assert memory_guards(get_target("brainwave")).shallow == 0
-    r = optimize(["Conv2d(16, 32, 3, padding=1)", "ReLU()"], (1, 16, 16, 16), target="vta")
-    assert r.max_rel_error <= 1e-4 and r.weights["W0"] == "pinned"
-    assert r.egraph.matches_per_rule.get("batched-linear-bands", 0) > 0
-    assert r.cycles < 30_000
-    assert abs(r.predicted_cycles / r.cycles - 1) <= 0.1
-
-
 def test_bands_count_the_result_memory_twice_where_the_rows_live_elsewhere():
     """VTA and the systolic array read a GEMM's rows from another memory than the one its results
     go to, which then holds only results and partial products; on BrainWave rows and results
