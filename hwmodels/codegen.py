@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.memory_plan import Buffer, PlanError, innermost, share_memory
-from hwmodels.target import OpSpec, Target
+from hwmodels.target import OpSpec, Target, whole_units
 
 
 class CodegenError(RuntimeError):
@@ -401,7 +401,7 @@ class Codegen:
             raise CodegenError(f"cannot move shape {src.shape} into {dst.shape} with {mnemonic}")
         if src.strides[-1] != 1 or dst.strides[-1] != 1:
             raise CodegenError(f"{mnemonic} needs unit-stride rows")
-        if src.shape[-1] % n or (tile and src.shape[-2] % n):
+        if not whole_units(src.shape, n, tile):
             raise CodegenError(f"{mnemonic} moves {n}-element units; shape {src.shape} is not a multiple")
         rows = n if tile else 1
         nbytes = rows * n * 4

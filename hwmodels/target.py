@@ -37,6 +37,13 @@ LOADERS = ("dma", "mvu", "mfu")
 LOAD_UNITS = ("vector", "tile")
 
 
+def whole_units(shape: tuple[int, ...], n: int, tile: bool) -> bool:
+    """Whether a value of this shape moves in whole native units, as load and store instructions
+    move it: rows of whole N-element vectors and, for N x N tiles, whole blocks of N rows."""
+    dims = 2 if tile else 1
+    return len(shape) >= dims and not any(d % n for d in shape[-dims:])
+
+
 class TargetError(ValueError):
     """Unknown target or bad target parameter."""
 
@@ -293,9 +300,7 @@ class CycleCost:
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity or not (from_dram or mem.load_from):
             return NEVER
-        n, dims = self.t.native_dim, (2 if mem.load_unit == "tile" else 1)
-        shape = shape_of(t)
-        if len(shape) < dims or any(d % n for d in shape[-dims:]):
+        if not whole_units(shape_of(t), self.t.native_dim, mem.load_unit == "tile"):
             return NEVER
         need = self.first_read_units(space, t)
         first = self.wait(space, t, need, cold=True, from_dram=from_dram)
