@@ -23,6 +23,10 @@ def _structural() -> list[Rule]:
         n = pick(rng, 1, 6)
         return T("Comp", T("Comp", T("VVRelu", vec(n)), T("VVTanh", vec(n))), T("VVSigm", vec(n)))
 
+    def ex_assoc_move(rng):
+        n = pick(rng, 1, 6)
+        return T("Comp", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), T("VVSigm", vec(n)))
+
     def ex_fork_dist(rng):
         n = pick(rng, 1, 6)
         return T("Comp", T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))), T("VVSigm", vec(n)))
@@ -85,6 +89,10 @@ def _structural() -> list[Rule]:
         n = pick(rng, 1, 5)
         return T("Comp", T("ToChip", "mem", vec(n)), T("Const", var("W", vec(n)), vec(2)))
 
+    def ex_const_after(rng):
+        k, m = pick(rng, 1, 3), pick(rng, 1, 3)
+        return T("Comp", T("Const", var("W", vec(m)), vec(k * m)), T("Join", mat(m, k)))
+
     def ex_sub_same(rng):
         n = pick(rng, 1, 5)
         return T("VVSub", tp(vec(n), vec(n)))
@@ -96,8 +104,16 @@ def _structural() -> list[Rule]:
         Rule("sub-as-negated-add", a, (rewrite(f"(VVSub {p})", f"(Comp (VVAdd {p}) (Fork (Fst {p}) {negated}))", a),),
              "none", "a - b = a + b * (-1 everywhere): targets without a subtraction (snowflake, systolic, VTA) "
              "run a GRU's h - n as an add and a multiply by a pinned constant", ex_sub_same),
-        Rule("compose-assoc", a, (rewrite("(Comp (Comp f g) h)", "(Comp f (Comp g h))", a, subsume=True),), "none",
-             "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them", ex_assoc),
+        # subsuming hides (f . g) . h from every later match: a move the class of f . g gains
+        # later (one hoisted out of a loop) is re-associated next to h through the `leftcomp`
+        # record, where tochip-elide sees what it moves
+        Rule("compose-assoc", a, (
+            f"(rule ((= p (Comp fg h)) (= fg (Comp f g))) ((leftcomp fg h p) (union p (Comp f (Comp g h))) "
+            f"(subsume (Comp fg h))) :ruleset {a})",
+            f"(rule ((leftcomp fg h p) (= fg (Comp f (ToChip sp t)))) ((union p (Comp f (Comp (ToChip sp t) h)))) "
+            f":ruleset {a})"), "none",
+             "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them (also for a move "
+             "f . ToChip found in the class of f . g after (f . g) . h was re-associated)", ex_assoc, ex_assoc_move),
         Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",
              "Fork(f, g) . h = Fork(f . h, g . h)", ex_fork_dist),
         Rule("fst-of-fork", a, (rewrite("(Comp (Fst t) (Fork f g))", "f", a, subsume=True),), "none",
@@ -129,6 +145,9 @@ def _structural() -> list[Rule]:
         Rule("fold-tochip-into-const", a,
              (rewrite("(Comp (ToChip sp u) (Const c t))", "(Const (App (ToChip sp u) c) t)", a),),
              "none", "a constant moved on chip once is a chip-resident (pinned) constant", ex_fold_chip),
+        Rule("const-ignores-input", a, (rewrite("(Comp (Const c t) v)", "(Const c u)", a, ["(isview v)", "(= u (fin v))"]),),
+             "v only re-indexes", "Const c . v = Const c: a constant ignores its input, so a re-indexing of it is dead",
+             ex_const_after),
     ]
 
 

@@ -149,6 +149,9 @@ def analysis_program() -> str:
         "(relation inspace (F String))",
         # chains ending in the operand moves tochip-hoist-from-reduce takes out (see tail_walk)
         "(relation reducetail (F i64))",
+        # (leftcomp fg h p): p is the e-class of the composition fg . h whose first stage fg is a
+        # composition too, which compose-assoc re-associated (and hid)
+        "(relation leftcomp (F F F))",
         # the stages of Fold steps, where tochip-hoist-from-fold looks for state moves
         "(relation foldstage (F i64))",
         # the move of one part of a pair that tochip-hoist-from-map puts before a loop

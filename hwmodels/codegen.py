@@ -30,7 +30,7 @@ class CodegenError(RuntimeError):
 
 class CapacityError(CodegenError):
     """The program needs more of an on-chip memory than there is (`per_iteration`: with some
-    loads given a buffer per iteration, `Codegen.load_buffer`)."""
+    loads or stored values given a buffer per iteration, `Codegen.per_iteration_buffer`)."""
 
     def __init__(self, message: str, per_iteration: bool = False):
         super().__init__(message)
@@ -259,7 +259,7 @@ class Codegen:
     def __init__(self, target: Target, bounded: bool = True, per_iteration: bool = True):
         """bounded: every buffer gets memory of its own, and the running total must fit; when
         not, only each buffer alone must fit (buffers then share memory by lifetime).
-        per_iteration: see `load_buffer`."""
+        per_iteration: see `per_iteration_buffer`."""
         self.t = target
         self.bounded = bounded
         self.per_iteration = per_iteration
@@ -280,7 +280,7 @@ class Codegen:
         self.shared: dict[tuple[Term, object], object] = {}
         #: the counter and trip count of each Map loop being compiled, innermost last
         self.iterations: list[tuple[Affine, int]] = []
-        #: whether some load got a buffer per iteration (`load_buffer`)
+        #: whether some buffer was given one per iteration (`per_iteration_buffer`)
         self.spread = False
 
     # ------------------------------------------------------------ memory
@@ -321,14 +321,38 @@ class Codegen:
         unit busy with other work can hold back (a GRU's gate sums on VTA). A shorter load
         keeps one buffer, whose round trip per iteration the cost model charges. bandwidth and
         latency: the load's path (DRAM's, or its staging memory's)."""
-        if self.per_iteration and self.iterations and math.prod(v.shape) * 4 >= latency * bandwidth:
-            i, n = self.iterations[-1]
-            size = n * math.prod(v.shape[:-1]) * self.row_room(v.shape[-1])
-            taken = self.alloc[space] if self.bounded else 0
-            if dict(i.terms).keys() & dict(v.addr.terms).keys() and taken + size <= self.room(space):
-                self.spread = True
-                return _index(self.allocate(space, (n, *v.shape)), i)
+        if math.prod(v.shape) * 4 >= latency * bandwidth and self.iterations \
+                and dict(self.iterations[-1][0].terms).keys() & dict(v.addr.terms).keys():
+            spread = self.per_iteration_buffer(space, v.shape)
+            if spread is not None:
+                return spread
         return self.allocate(space, v.shape)
+
+    def per_iteration_buffer(self, space: str, shape: tuple[int, ...]) -> Buf | None:
+        """Inside a Map, a buffer of this shape per iteration of the innermost one, indexed by its
+        counter, when per-iteration buffers are on and all of them fit (None otherwise): an
+        iteration then never waits for the previous one to be done with the buffer."""
+        if not (self.per_iteration and self.iterations):
+            return None
+        i, n = self.iterations[-1]
+        size = n * math.prod(shape[:-1]) * self.row_room(shape[-1])
+        taken = self.alloc[space] if self.bounded else 0
+        if taken + size > self.room(space):
+            return None
+        self.spread = True
+        return _index(self.allocate(space, (n, *shape)), i)
+
+    def stored_buffer(self, f: Term, v: object) -> Buf | None:
+        """Where f, whose result a Map's iteration stores (ToOutput, ToDram), computes it: a buffer
+        per iteration where they fit (`per_iteration_buffer`), so that the next iteration does not
+        wait for the store to read it, which waits behind every transfer queued on the DMA before
+        it (loads hoisted out of the loop); None: f's own buffer."""
+        if not (self.per_iteration and self.iterations) or _is_view(f) or fout(f).op != "TA":
+            return None
+        space = self.result_space(f, v.space if isinstance(v, Buf) else None)
+        if space is None or space == "dram":
+            return None
+        return self.per_iteration_buffer(space, shape_of(fout(f)))
 
     def host_copy(self, v: Buf) -> Buf:
         """A contiguous host layout of a (strided) view of host data, indexed like the view (one
@@ -430,7 +454,7 @@ class Codegen:
         """The memory f's result lives in, given the memory of its input (None: unknown)."""
         op, a = f.op, f.args
         if op == "Dev":
-            return self.ops[a[0]].op.result_space
+            return self.ops[a[0]].op.result_space if a[0] in self.ops else None
         if op in ("ToChip", "Restage"):
             return a[0]
         if op in ("ToOutput", "ToDram"):
@@ -533,6 +557,16 @@ class Codegen:
                 except CapacityError:
                     self.restore(saved)
                     return self.stream_out(stages[1], inner)
+            if a[0].op in ("ToOutput", "ToDram"):
+                saved = self.snapshot()
+                staged = self.stored_buffer(a[1], v)
+                if staged is not None:
+                    try:
+                        return self.apply(a[0], self.apply(a[1], v, staged), dest)
+                    except CapacityError:  # `generate` compiles again without per-iteration buffers
+                        raise
+                    except CodegenError:  # f does not compute into a given buffer
+                        self.restore(saved)
             return self.apply(a[0], self.apply(a[1], v), dest)
         if op == "Id":
             return v
@@ -927,9 +961,9 @@ def generate(term: Term, target: Target) -> Program:
     overlap share memory (the program is compiled again without the running total's check),
     a Fold's two steps keeping their buffers apart where that fits too (else only those of the
     innermost Folds, else none), placed in order of first use; where none of those fits, the
-    same plans placed largest first. Loads that stream get a buffer per iteration of their Map
-    where it fits (`Codegen.load_buffer`); a program that then fits no plan is compiled again
-    without."""
+    same plans placed largest first. Loads that stream, and values each iteration stores, get a
+    buffer per iteration of their Map where it fits (`Codegen.load_buffer`,
+    `Codegen.stored_buffer`); a program that then fits no plan is compiled again without."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:
@@ -942,7 +976,7 @@ def generate(term: Term, target: Target) -> Program:
 
 def _laid_out(term: Term, target: Target, per_iteration: bool) -> Program:
     """The program compiled with buffers of their own, else sharing memory by lifetime (see
-    `generate`); per_iteration: see `Codegen.load_buffer`."""
+    `generate`); per_iteration: see `Codegen.per_iteration_buffer`."""
     first = Codegen(target, per_iteration=per_iteration)
     try:
         return _generate(term, first)

@@ -25,10 +25,12 @@ UNITS = ("dma", "mvu", "mfu", "issue")
 #: a cost's components: each unit's cycles; `chain`, the cycles of loads' recurrences
 #: (`CycleCost.recurrence`) and stores' drains; `dma_wait`, the DMA unit's waits for the
 #: readers of the buffers its loads overwrite, which the innermost loop around a load settles
-#: by how many buffers its body's loads get (`CycleCost.settled`); then `cold`, how many of the
-#: op units' cycles are loads' waits that only a load's first run pays (`CycleCost.counted`)
-COMPONENTS = UNITS + ("chain", "dma_wait", "cold")
-_DMA, _DMA_WAIT = COMPONENTS.index("dma"), COMPONENTS.index("dma_wait")
+#: by how many buffers its body's loads get (`CycleCost.settled`); `drain`, how many of the issue
+#: cycles are stores' drains, which only a store's last run makes the dispatcher wait for; then
+#: `cold`, how many of the op units' cycles are loads' waits that only a load's first run pays
+#: (`CycleCost.counted`)
+COMPONENTS = UNITS + ("chain", "dma_wait", "drain", "cold")
+_DMA, _DMA_WAIT, _ISSUE, _DRAIN = (COMPONENTS.index(c) for c in ("dma", "dma_wait", "issue", "drain"))
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
 #: the units that can load an on-chip memory
@@ -149,7 +151,7 @@ def _exposed(c: Cost, wait: float) -> Cost:
     """c plus cycles every execution unit waits: latency on the critical path adds to the
     busiest unit and to the chain. Instruction issue does not wait: instructions dispatch one
     per cycle into the units' queues whatever their operands wait for, so issue is a bound on throughput only."""
-    return tuple(x if u in ("issue", "dma_wait", "cold") else x + wait for u, x in zip(COMPONENTS, c))
+    return tuple(x if u in ("issue", "dma_wait", "drain", "cold") else x + wait for u, x in zip(COMPONENTS, c))
 
 
 def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
@@ -199,10 +201,12 @@ class CycleCost:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
             busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
             # its reader waits for the whole store (and so does the DMA unit that does it); the
-            # dispatcher, which runs ahead of other waits, issues the stores and then waits for
-            # them to drain, as nothing after them can start before they are done
+            # dispatcher, which runs ahead of other waits, issues the stores and, after the last
+            # run only, waits for them to drain (it dispatches a loop's next iteration at once)
             drain = busy + self.t.dram.latency
-            return _exposed(_unit_cost("dma", 0, max(busy, units) + self.t.dram.latency), drain)
+            c = list(_exposed(_unit_cost("dma", 0, max(busy, units) + self.t.dram.latency), drain))
+            c[_DRAIN] = c[_ISSUE] - units
+            return tuple(c)
         if op == "Dev":
             spec = self.ops.get(args[0])
             return NEVER if spec is None else _unit_cost(spec.unit, spec.occupancy, 1)
@@ -282,8 +286,8 @@ class CycleCost:
         if m == 1:
             return c
         once = min(m, 1.0)
-        return tuple(m * x - (m - once) * c[-1] if u in OP_UNITS else once * x if u == "cold" else m * x
-                     for u, x in zip(COMPONENTS, c))
+        return tuple(m * x - (m - once) * c[-1] if u in OP_UNITS else m * x - (m - once) * c[_DRAIN] if u == "issue"
+                     else once * x if u in ("drain", "cold") else m * x for u, x in zip(COMPONENTS, c))
 
     def load(self, space: str, t: Term, from_dram: bool = True) -> Cost:
         """Moving a value of type t from DRAM into `space`, through the memory it is staged in
@@ -308,7 +312,7 @@ class CycleCost:
         extra = self.wait(space, t, need, from_dram=from_dram) - steady
         moves = self.transfers(space, t, from_dram)
         return (tuple(x + first if u in OP_UNITS else x for u, x in zip(UNITS, moves))
-                + (self.recurrence(space, t, need, from_dram), steady, first - extra))
+                + (self.recurrence(space, t, need, from_dram), steady, 0.0, first - extra))
 
     def recurrence(self, space: str, t: Term, need: int, from_dram: bool = True) -> float:
         """The shortest period of a loop that loads a value of type t into the same buffer of

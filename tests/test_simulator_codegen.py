@@ -429,3 +429,20 @@ def test_a_program_that_fits_only_without_buffers_per_iteration_is_compiled_agai
     want = np.stack([w2.astype(np.float64) @ (ws[i * N:(i + 1) * N].astype(np.float64) @ xv) for i in range(tiles)])
     np.testing.assert_allclose(run.output, want, rtol=1e-4, atol=1e-5)
     assert run.cycles == timing.cycles
+
+
+@pytest.mark.parametrize("room,per_iteration", [(7, True), (2, False)])
+def test_a_value_each_iteration_stores_gets_a_buffer_per_iteration_where_they_fit(room, per_iteration):
+    """A Map storing each iteration's result computes it into a buffer per iteration when they
+    all fit, so the next iteration's v_relu does not wait for this one's v_wr to read it (which
+    waits behind every transfer queued on the DMA before it); else into one buffer. Same output."""
+    rows = 6
+    body = comp(T("ToOutput", V(N)), dev("v_relu"), T("ToChip", VRF, V(N)))
+    term = T("App", comp(T("Map", body, rows), T("Split", N, V(rows * N))), T("Var", "x", V(rows * N)))
+    program = generate(term, _with_memory(VRF, room * N * 4))
+    relu = next(ins for ins in program.body[0].body if ins.mnemonic == "v_relu")
+    assert bool(relu.dst.addr.terms) == per_iteration
+    x = np.random.default_rng(7).standard_normal(rows * N).astype(np.float32)
+    run, timing = both(program, {"x": x})
+    np.testing.assert_array_equal(run.output.reshape(-1), np.maximum(x, 0))
+    assert run.cycles == timing.cycles

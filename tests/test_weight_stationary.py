@@ -76,17 +76,19 @@ def test_systolic_convolution_preloads_each_tile_once_per_band_of_rows():
     assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
 
 
-def test_a_transposed_accumulator_view_moved_in_place_is_laid_out_again():
+def test_a_transposed_accumulator_view_moved_in_place_is_read_where_it_is():
     """Conv2d(3, 32, 3) on an 8 x 8 image on the systolic array, weight-stationary: its bias add
     reads each pixel's row of the [block][pixel] results, moved where they already are
-    (tochip-hoist-from-map moved the whole array before the loop). That view is transposed, so
-    codegen lays it out again in pixel order through DRAM (it used to fail: "Join of a
-    non-contiguous view needs a copy"). 9,822 simulated cycles with a preload per pixel."""
+    (tochip-hoist-from-map moved the whole array before the loop). That view is transposed;
+    codegen laid it out again in pixel order through DRAM (a store and a load per native vector,
+    1,128 cycles) until `leftcomp` let tochip-elide drop the move and `const-ignores-input`
+    freed the bias of the re-indexing, so the loop reads the results where they are (872 cycles
+    with egglog 13.2; 1,064 with egglog 14, which moves the im2col rows in more pieces)."""
     r = optimize(["Conv2d(3, 32, 3, padding=1)"], (1, 3, 8, 8), target="systolic")
     assert r.max_rel_error <= 1e-4
     assert r.ops["preload"] == 2 * 2 and r.ops["compute"] == 64 * 2 * 2      # 2 x 2 tiles, 64 pixels
-    assert r.ops["mvout"] == 2 * 64 * 2                                       # re-laid out, then the result
-    assert r.cycles < 1_500
+    assert r.ops["mvout"] == 64 * 2                                           # the result only
+    assert r.cycles < 1_100 and abs(r.predicted_cycles / r.cycles - 1) <= 0.02
 
 
 def test_an_activation_after_padded_bands_runs_in_the_band_loop():
