@@ -347,7 +347,7 @@ class Codegen:
         per iteration where they fit (`per_iteration_buffer`), so that the next iteration does not
         wait for the store to read it, which waits behind every transfer queued on the DMA before
         it (loads hoisted out of the loop); None: f's own buffer."""
-        if not (self.per_iteration and self.iterations) or _is_view(f) or fout(f).op != "TA":
+        if _is_view(f) or fout(f).op != "TA":
             return None
         space = self.result_space(f, v.space if isinstance(v, Buf) else None)
         if space is None or space == "dram":

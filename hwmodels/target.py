@@ -30,9 +30,14 @@ UNITS = ("dma", "mvu", "mfu", "issue")
 #: `cold`, how many of the op units' cycles are loads' waits that only a load's first run pays
 #: (`CycleCost.counted`)
 COMPONENTS = UNITS + ("chain", "dma_wait", "drain", "cold")
-_DMA, _DMA_WAIT, _ISSUE, _DRAIN = (COMPONENTS.index(c) for c in ("dma", "dma_wait", "issue", "drain"))
+_DMA, _DMA_WAIT, _ISSUE, _DRAIN, _COLD = (COMPONENTS.index(c) for c in ("dma", "dma_wait", "issue", "drain", "cold"))
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
+#: for each component, the component holding how much of it only one run of a loop pays (the op
+#: units' loads' cold start, issue's stores' drain; `drain` and `cold` are paid once whole); None:
+#: every run pays all of it (`CycleCost.counted`)
+_PAID_ONCE = tuple(_COLD if u in OP_UNITS else _DRAIN if u == "issue" else i if i in (_DRAIN, _COLD) else None
+                   for i, u in enumerate(COMPONENTS))
 #: the units that can load an on-chip memory
 LOADERS = ("dma", "mvu", "mfu")
 #: what one load into an on-chip memory moves: a native vector (N elements) or tile (N x N)
@@ -280,14 +285,15 @@ class CycleCost:
         each (None: not the body of a loop, its loads' waits are left to the loop around it;
         `settled`), its loads' cold start only once: a load repeated in a loop is prefetched
         while the previous iteration works, so only its first run waits for its first units to
-        arrive (`wait` with cold=True); later runs wait the steady state."""
+        arrive (`wait` with cold=True); later runs wait the steady state. Its stores' drain holds
+        up issue once too, after the last run (`_PAID_ONCE`)."""
         if buffers is not None:
             c = self.settled(c, buffers)
         if m == 1:
             return c
         once = min(m, 1.0)
-        return tuple(m * x - (m - once) * c[-1] if u in OP_UNITS else m * x - (m - once) * c[_DRAIN] if u == "issue"
-                     else once * x if u in ("drain", "cold") else m * x for u, x in zip(COMPONENTS, c))
+        return tuple(m * x if p is None else once * x if p == i else m * x - (m - once) * c[p]
+                     for i, (x, p) in enumerate(zip(c, _PAID_ONCE)))
 
     def load(self, space: str, t: Term, from_dram: bool = True) -> Cost:
         """Moving a value of type t from DRAM into `space`, through the memory it is staged in
