@@ -47,8 +47,6 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     made: dict[tuple, tuple[int, object, float, int]] = {}
 
     def improve(it: Computation) -> bool:
-        if any(c not in best for c in it.kids):
-            return False
         merged = _cheapest_per_cost(best.get(it.eclass, []) + _combine(it, best, model, width, made))[:width]
         if [c.key for c in merged] == [c.key for c in best.get(it.eclass, [])]:
             return False

@@ -1,9 +1,11 @@
 """Greedy bottom-up extraction over the serialized e-graph with a target's cost model.
 
 Every e-node of sort F or E gets cost(op, constant arguments, costs of its F/E children); an
-e-class costs its cheapest e-node. An e-node is visited again whenever a child class improves,
-until none does (a least fixpoint, independent of visiting order); ties go to the smaller term,
-then to the node id, so extraction is deterministic.
+e-class costs its cheapest e-node. An e-node is visited once its child classes all have a cost,
+then again whenever one of them improves, until none does; ties go to the smaller term, then to
+the node id. A cost is a vector whose cycles are its busiest component, so a child's cheaper
+cycles can raise its parent's, and the fixpoint reached can depend on the visiting order: that
+order is the node ids' (`fixpoint`), fixed by the graph, so extraction is deterministic.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from egraph_rules.ir import SCHEMA, Term, primitive_value, tp
@@ -121,42 +124,68 @@ def _child_sorts(op: str) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     return tuple(i for i, k in enumerate(is_kid) if k), is_kid
 
 
+@cache
+def _kids_of(op: str) -> Callable[[list[str]], tuple[str, ...]] | None:
+    """What picks an e-node's F/E children out of its children (None: op is no F/E operator)."""
+    schema = SCHEMA.get(op)
+    if schema is None or schema[0] == "Ty":
+        return None
+    kid_at = _child_sorts(op)[0]
+    if len(kid_at) == 1:
+        return lambda children: (children[kid_at[0]],)
+    return itemgetter(*kid_at) if kid_at else lambda children: ()
+
+
 def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> list[Computation]:
-    """Every F/E e-node of the graph, in node-id order (so what is built from it is deterministic),
-    except those of e-classes whose value would overflow the on-chip memory it is left in (an
-    intermediate result codegen could not lay out, which no other cost sees), and constants
-    pinned on chip that the model does not let stay there (too large, or `unpinned`), and Folds
-    whose step leaves its state on chip where the two state buffers codegen alternates between
-    would overflow (the Fold that keeps its state in DRAM is another e-node)."""
+    """Every F/E e-node of the graph that can have a value, in node-id order (so what is built
+    from it is deterministic): one whose children's e-classes each hold such an e-node. Left
+    out with their e-classes' other e-nodes: those of e-classes whose value would overflow the
+    on-chip memory it is left in (an intermediate result codegen could not lay out, which no
+    other cost sees); left out alone: constants pinned on chip that the model does not let stay
+    there (too large, or `unpinned`), and Folds whose step leaves its state on chip where the
+    two state buffers codegen alternates between would overflow (the Fold that keeps its state
+    in DRAM is another e-node). Only the e-nodes reached are decoded: on the systolic array's
+    93 k e-node graphs, most are compositions whose children never get a value."""
     fits = getattr(model, "fits", None)
     pins = getattr(model, "fits_pinned", None)
     unpinned = getattr(model, "unpinned", frozenset())
     overflow: dict[str, bool] = {}
-    out = []
     nodes = graph.nodes
+    ids: list[str] = []
+    kids: list[tuple[str, ...]] = []
+    classes: list[str] = []
     for nid in sorted(nodes):
         node = nodes[nid]
-        op = node["op"]
-        schema = SCHEMA.get(op)
-        if schema is None or schema[0] == "Ty":
-            continue
-        cls = node["eclass"]
+        kids_of = _kids_of(node["op"])
+        if kids_of is not None:
+            ids.append(nid)
+            kids.append(kids_of(node["children"]))
+            classes.append(node["eclass"])
+    out: dict[int, Computation] = {}
+    valued: set[str] = set()
+
+    def reach(n: int) -> bool:
+        node = nodes[ids[n]]
+        op, cls, children = node["op"], classes[n], node["children"]
         if fits is not None:
             if cls not in overflow:
                 overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
             if overflow[cls]:
-                continue
-        kid_at, is_kid = _child_sorts(op)
-        children = node["children"]
-        kids = tuple([children[i] for i in kid_at])
-        if op == "Fold" and fits is not None and not all(fits(space, tp(t, t)) for space, t in view.placed(kids[0])):
-            continue
+                return False
+        if op == "Fold" and fits is not None and not all(fits(space, tp(t, t)) for space, t in view.placed(kids[n][0])):
+            return False
         if op == "Const" and (placed := view.placed(cls)) and (
                 cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
-            continue
+            return False
+        is_kid = _child_sorts(op)[1]
         args = tuple([None if k else view.const(c) for k, c in zip(is_kid, children)])
-        out.append(Computation(nid, op, args, kids, cls))
-    return out
+        out[n] = Computation(ids[n], op, args, kids[n], cls)
+        first = cls not in valued
+        valued.add(cls)
+        return first
+
+    _propagate(kids, classes, reach)
+    return [out[n] for n in sorted(out)]
 
 
 @contextmanager
@@ -174,24 +203,39 @@ def gc_paused() -> Iterator[None]:
 
 
 def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) -> None:
-    """Visit every e-node without children, then each e-node again whenever one of its child
-    classes improves, until none does; `improve` updates the node's class from it, says whether
-    the class changed, and fails while a child class has nothing yet (so a node with children
-    waits for its last child's first value, which queues it, instead of being tried in vain
-    first: 137 k visits were 51 k on a 93 k e-node graph). Nodes are visited in list order
-    whenever several wait, so the result does not depend on timing."""
+    """Visit each e-node once its child classes all have a value, then again whenever one of
+    them improves, until none does; `improve` updates the node's class from it and says whether
+    the class changed. Whenever several wait, the first in list order is visited, so the result
+    does not depend on timing. (Visiting first in, first out took 7x fewer visits on the
+    recurrent cells' e-graphs, 93 k to 14 k on a GRU(512) step's 7 k e-nodes, but the fixpoint
+    it reached picked a 7x slower program for the systolic array's GRU(2816) over 1,500 steps.)"""
+    _propagate([c.kids for c in work], [c.eclass for c in work], lambda n: improve(work[n]))
+
+
+def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[[int], bool]) -> None:
+    """`fixpoint` over e-nodes given by position: each one's children's e-classes and its own;
+    visit(n) says whether e-node n changed its class."""
     users: dict[str, list[int]] = {}
-    for n, c in enumerate(work):
-        for k in set(c.kids):
+    missing: list[int] = []
+    for n, ks in enumerate(kids):
+        distinct = set(ks)
+        missing.append(len(distinct))
+        for k in distinct:
             users.setdefault(k, []).append(n)
-    todo = [n for n, c in enumerate(work) if not c.kids]
+    todo = [n for n, m in enumerate(missing) if not m]
     queued = set(todo)
+    valued: set[str] = set()
     while todo:
         n = heapq.heappop(todo)
         queued.discard(n)
-        if improve(work[n]):
-            for u in users.get(work[n].eclass, []):
-                if u not in queued:
+        if visit(n):
+            cls = classes[n]
+            first = cls not in valued
+            valued.add(cls)
+            for u in users.get(cls, []):
+                if first:
+                    missing[u] -= 1
+                if not missing[u] and u not in queued:
                     queued.add(u)
                     heapq.heappush(todo, u)
 
@@ -201,12 +245,12 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
     best: dict[str, tuple[float, int, str, Any]] = {}
 
     def improve(c: Computation) -> bool:
-        chosen = [best.get(k) for k in c.kids]
-        if None in chosen:
-            return False
+        chosen = [best[k] for k in c.kids]
         cost = model.node(c.op, c.args, [b[3] for b in chosen])
-        cand = (model.scalar(cost), 1 + sum(b[1] for b in chosen), c.nid, cost)
-        old = best.get(c.eclass)
+        cycles, old = model.scalar(cost), best.get(c.eclass)
+        if old is not None and cycles > old[0]:
+            return False
+        cand = (cycles, 1 + sum([b[1] for b in chosen]), c.nid, cost)
         if old is not None and cand[:3] >= old[:3]:
             return False
         best[c.eclass] = cand

@@ -232,8 +232,6 @@ class _Model:
         low: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
 
         def improve(c: Computation) -> bool:
-            if any(k not in best for k in c.kids):
-                return False
             first, again = self.first[c.nid], self.repeat[c.nid]
             parts = [(tuple(f + (s - 1) * r for f, r in zip(*best[k])), tuple(s * r for r in best[k][1]))
                      for k, s in zip(c.kids, self.scales[c.nid]) if s]

@@ -258,8 +258,9 @@ class CycleCost:
         return 2 if op == "Fold" else 1 if op in ("Map", "Reduce") else None
 
     def node(self, op: str, args: tuple, kids: list[Cost]) -> Cost:
-        """local + sum of scaled children; NEVER when the node or any child cannot run."""
-        if any(self.scalar(k) == INF for k in kids):
+        """local + sum of scaled children; NEVER when the node or any child cannot run (a cost
+        holds INF only where it is NEVER: this sums finite children only)."""
+        if any(INF in k for k in kids):
             return NEVER
         total, buffers = self.local(op, args), self.buffers(op)
         for k, s in zip(kids, self.scales(op, args, len(kids))):

@@ -10,7 +10,7 @@ import pytest
 from egraph_rules.ir import T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, EGraphError, Saturator
-from extraction.greedy import ExtractionError, extract_greedy
+from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint
 from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
 
@@ -132,18 +132,58 @@ class Placed(Size):
         return space != "m" or numel(t) * 4 <= 64
 
 
-def test_classes_overflowing_their_memory_are_left_out():
-    """The smaller program leaves a 32-element value in a 16-element memory `m`: extraction must
-    pass it over for the larger one that fits, and take it when nothing limits memories."""
+def _overflow_graph():
+    """A program leaving a 32-element value in `m` (small), and one that fits (large), equal."""
     x = T("Var", "x", V(32))
     small = T("App", comp(T("ToOutput", V(32)), T("ToChip", "m", V(32))), x)
     large = T("App", comp(T("ToOutput", V(32)), T("VVRelu", V(32)), T("VVRelu", V(32))), x)
     same = Rule("same", "algorithmic", (f"(rewrite {small.sexpr} {large.sexpr} :ruleset algorithmic)",), "none", "")
     sat = Saturator([same])
     sat.add("root", small)
-    graph = sat.serialize({"root": small}, sat.run(Budget()))
+    return sat.serialize({"root": small}, sat.run(Budget())), small, large
+
+
+def test_classes_overflowing_their_memory_are_left_out():
+    """The smaller program leaves a 32-element value in a 16-element memory `m`: extraction must
+    pass it over for the larger one that fits, and take it when nothing limits memories."""
+    graph, small, large = _overflow_graph()
     assert extract_greedy(graph, graph.roots["root"], Size()).term == small
     assert extract_greedy(graph, graph.roots["root"], Placed()).term == large
+
+
+def test_only_enodes_whose_children_can_have_a_value_are_decoded():
+    """An e-node one of whose child classes has no e-node that can be costed is left out: the
+    class overflowing `m` has none, so neither has the composition storing its value, and the
+    small program's application of it is left out too; every other F/E e-node is in."""
+    graph, small, _ = _overflow_graph()
+    view = GraphView(graph)
+    every = computations(graph, view, Size())
+    placed = computations(graph, view, Placed())
+    dead = {graph.class_of(T("ToChip", "m", V(32))), graph.class_of(small.args[0])}
+    assert {c.eclass for c in every} >= dead
+    assert [c for c in every if c.eclass not in dead and not dead & set(c.kids)] == placed
+    for work in (every, placed):
+        assert {k for c in work for k in c.kids} <= {c.eclass for c in work}
+
+
+def test_fixpoint_visits_an_enode_once_its_children_have_values():
+    graph, _, _ = _overflow_graph()
+    work = computations(graph, GraphView(graph), Size())
+    best: dict[str, int] = {}
+    visits: list[str] = []
+
+    def improve(c):
+        assert all(k in best for k in c.kids)
+        visits.append(c.nid)
+        size = 1 + sum(best[k] for k in c.kids)
+        if best.get(c.eclass, math.inf) <= size:
+            return False
+        best[c.eclass] = size
+        return True
+
+    fixpoint(work, improve)
+    assert set(best) == {c.eclass for c in work}
+    assert len(visits) < 2 * len(work)
 
 
 @pytest.mark.parametrize("fill", [-math.inf, 1e20, -1e-7, 2.5])
