@@ -92,10 +92,10 @@ class GraphView:
         out = self.graph.outputs.get(cls)
         return [(space, self.const(out)) for space in self.graph.spaces.get(cls, ())] if out else []
 
-    def kids(self, nid: str) -> list[str]:
+    def kids(self, nid: str) -> tuple[str, ...]:
         """The e-classes of an e-node's F/E children, in order."""
         node = self.graph.nodes[nid]
-        return [node["children"][i] for i in _child_sorts(node["op"])[0]]
+        return _kids_of(node["op"])(node["children"])
 
     def term(self, nid: str, kids: list[Term]) -> Term:
         """The term of an e-node given the terms chosen for its F/E children."""

@@ -167,6 +167,7 @@ def test_only_enodes_whose_children_can_have_a_value_are_decoded():
 
 
 def test_fixpoint_visits_an_enode_once_its_children_have_values():
+    """No visit finds a child class without a value; every e-class gets one."""
     graph, _, _ = _overflow_graph()
     work = computations(graph, GraphView(graph), Size())
     best: dict[str, int] = {}
