@@ -77,7 +77,7 @@ def rnn_cell(w_ih, w_hh, b_ih, b_hh, x, h, nonlinearity):
     return UNARY[RNN_NONLINEARITIES[nonlinearity]](g)
 
 
-def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
+def relayout(f: Term, x: np.ndarray, axis: int = 0) -> np.ndarray | None:
     """f applied at dimension `axis` of an array, for functions that only re-lay data out
     (vectorized: the host prepares large weights this way); None where f is not one of them."""
     op, a = f.op, f.args
@@ -100,10 +100,10 @@ def _layout(f: Term, x: np.ndarray, axis: int) -> np.ndarray | None:
     if op in ("Id", "ToChip", "Restage", "ToDram", "ToOutput"):
         return x
     if op == "Map":
-        return _layout(a[0], x, axis + 1)
+        return relayout(a[0], x, axis + 1)
     if op == "Comp":
-        inner = _layout(a[1], x, axis)
-        return None if inner is None else _layout(a[0], inner, axis)
+        inner = relayout(a[1], x, axis)
+        return None if inner is None else relayout(a[0], inner, axis)
     return None
 
 
@@ -136,7 +136,7 @@ class Interpreter:
         """Apply function term f to value x."""
         op, a = f.op, f.args
         if isinstance(x, np.ndarray):
-            fast = _layout(f, x, 0)
+            fast = relayout(f, x, 0)
             if fast is not None:
                 return fast
         if op in ("Id", "ToChip", "Restage", "ToDram", "ToOutput"):

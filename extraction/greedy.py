@@ -13,10 +13,10 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
@@ -50,6 +50,8 @@ class CostModel(Protocol):
     def scalar(self, cost: Any) -> float:
         """Predicted cycles of a cost (INF when the target cannot run it)."""
 
+    # optional: combiner(op, args, nkids) -> a function of the child costs giving `node`'s cost,
+    # for an e-node visited many times
     # optional: fits(space, t) -> bool, whether a value of type t fits the on-chip memory `space`;
     # a model without it places no limit on what a function leaves on chip
     # optional: fits_pinned(space, t) -> bool, the same for a constant pinned there at setup
@@ -103,6 +105,39 @@ class GraphView:
         it = iter(kids)
         return Term(node["op"], tuple(next(it) if k else self.const(c)
                                       for k, c in zip(_child_sorts(node["op"])[1], node["children"])))
+
+    def build(self, cls: str, chosen: Mapping[str, str]) -> Term:
+        """The term of e-class cls with every e-class taking the e-node `chosen` names for it."""
+        nid = chosen[cls]
+        return self.term(nid, [self.build(c, chosen) for c in self.kids(nid)])
+
+    def smallest(self, cls: str) -> Term | None:
+        """The smallest term of an F or E e-class (ties to the lower node id; None when each of
+        its terms would be infinite): a fixpoint over the e-nodes below it only, for looking
+        at one value without extracting the whole e-graph."""
+        nodes, classes = self.graph.nodes, self.graph.classes
+        below, todo, ids = {cls}, [cls], []
+        while todo:
+            for nid in classes[todo.pop()]:
+                if _kids_of(nodes[nid]["op"]) is not None:
+                    ids.append(nid)
+                    fresh = set(self.kids(nid)) - below
+                    below |= fresh
+                    todo.extend(sorted(fresh))
+        ids.sort()
+        kids = [self.kids(nid) for nid in ids]
+        owner = [nodes[nid]["eclass"] for nid in ids]
+        size: dict[str, tuple[int, str]] = {}
+
+        def visit(n: int) -> bool:
+            cand = (1 + sum([size[k][0] for k in kids[n]]), ids[n])
+            if owner[n] in size and cand >= size[owner[n]]:
+                return False
+            size[owner[n]] = cand
+            return True
+
+        _propagate(kids, owner, visit)
+        return self.build(cls, {c: s[1] for c, s in size.items()}) if cls in size else None
 
 
 class Computation(NamedTuple):
@@ -223,54 +258,61 @@ def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[
         for k in distinct:
             users.setdefault(k, []).append(n)
     todo = [n for n, m in enumerate(missing) if not m]
-    queued = set(todo)
+    queued = bytearray(len(kids))
+    for n in todo:
+        queued[n] = 1
     valued: set[str] = set()
+    pop, push = heapq.heappop, heapq.heappush
     while todo:
-        n = heapq.heappop(todo)
-        queued.discard(n)
+        n = pop(todo)
+        queued[n] = 0
         if visit(n):
             cls = classes[n]
             first = cls not in valued
             valued.add(cls)
-            for u in users.get(cls, []):
+            for u in users.get(cls, ()):
                 if first:
                     missing[u] -= 1
-                if not missing[u] and u not in queued:
-                    queued.add(u)
-                    heapq.heappush(todo, u)
+                if not missing[u] and not queued[u]:
+                    queued[u] = 1
+                    push(todo, u)
 
 
 def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
     """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost)."""
     best: dict[str, tuple[float, int, str, Any]] = {}
+    work = computations(graph, view, model)
+    combiner = getattr(model, "combiner", None)
+    costs = [combiner(c.op, c.args, len(c.kids)) if combiner else partial(model.node, c.op, c.args) for c in work]
+    kids, classes, ids = [c.kids for c in work], [c.eclass for c in work], [c.nid for c in work]
+    scalar = model.scalar
 
-    def improve(c: Computation) -> bool:
-        chosen = [best[k] for k in c.kids]
-        cost = model.node(c.op, c.args, [b[3] for b in chosen])
-        cycles, old = model.scalar(cost), best.get(c.eclass)
+    def improve(n: int) -> bool:
+        chosen = [best[k] for k in kids[n]]
+        cost = costs[n]([b[3] for b in chosen])
+        cycles, old = scalar(cost), best.get(classes[n])
         if old is not None and cycles > old[0]:
             return False
-        cand = (cycles, 1 + sum([b[1] for b in chosen]), c.nid, cost)
+        cand = (cycles, 1 + sum([b[1] for b in chosen]), ids[n], cost)
         if old is not None and cand[:3] >= old[:3]:
             return False
-        best[c.eclass] = cand
+        best[classes[n]] = cand
         return True
 
     with gc_paused():
-        fixpoint(computations(graph, view, model), improve)
+        _propagate(kids, classes, improve)
     return best
 
 
 def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extracted:
     """Cheapest term for root (a class id) under the cost model."""
     view = GraphView(graph)
-    best = greedy_choice(graph, model, view)
+    return chosen_program(root, greedy_choice(graph, model, view), view)
+
+
+def chosen_program(root: str, best: dict[str, tuple[float, int, str, Any]], view: GraphView) -> Extracted:
+    """The program `greedy_choice` chose for the root e-class (an ExtractionError when the
+    target can run none)."""
     if root not in best or best[root][0] == INF:
         raise ExtractionError("no program the target can run was found for this layer")
-    return Extracted(build_term(root, best, view), best[root][3], best[root][0])
-
-
-def build_term(cls: str, best: dict[str, tuple[float, int, str, Any]], view: GraphView) -> Term:
-    """The term of class cls with every class taking the e-node `best` chose for it."""
-    nid = best[cls][2]
-    return view.term(nid, [build_term(c, best, view) for c in view.kids(nid)])
+    return Extracted(view.build(root, {cls: b[2] for cls, b in best.items()}), best[root][3], best[root][0])

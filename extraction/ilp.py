@@ -55,7 +55,7 @@ import numpy as np
 
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.saturate import SaturatedGraph
-from extraction.greedy import (Computation, CostModel, Extracted, ExtractionError, GraphView, build_term,
+from extraction.greedy import (Computation, CostModel, Extracted, ExtractionError, GraphView, chosen_program,
                                computations, fixpoint, greedy_choice)
 
 INF = math.inf
@@ -427,9 +427,7 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
     t0 = time.perf_counter()
     view = GraphView(graph)
     best = greedy_choice(graph, model, view)
-    if root not in best or best[root][0] == INF:
-        raise ExtractionError("no program the target can run was found for this layer")
-    greedy = Extracted(build_term(root, best, view), best[root][3], best[root][0])
+    greedy = chosen_program(root, best, view)
     greedy_dag = dag_cost(greedy.term, model)
     weights = unit_weights(model, len(greedy_dag))
     term, cost, status, gap, contexts = greedy.term, greedy_dag, "", 0.0, 0

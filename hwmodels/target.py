@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -260,12 +261,30 @@ class CycleCost:
     def node(self, op: str, args: tuple, kids: list[Cost]) -> Cost:
         """local + sum of scaled children; NEVER when the node or any child cannot run (a cost
         holds INF only where it is NEVER: this sums finite children only)."""
-        if any(INF in k for k in kids):
-            return NEVER
-        total, buffers = self.local(op, args), self.buffers(op)
-        for k, s in zip(kids, self.scales(op, args, len(kids))):
-            total = tuple(map(operator.add, total, self.counted(k, s, buffers)))
-        return total
+        return self.combiner(op, args, len(kids))(kids)
+
+    def combiner(self, op: str, args: tuple, nkids: int) -> Callable[[list[Cost]], Cost]:
+        """`node` of one e-node as a function of its children's costs, with what does not
+        depend on them worked out once: greedy extraction visits an e-node about three times,
+        and most are re-indexings that pass their one child's cost on, or add two."""
+        local, buffers, scales = self.local(op, args), self.buffers(op), self.scales(op, args, nkids)
+        if INF in local:
+            return lambda kids: NEVER
+        if local == ZERO and buffers is None and all(s == 1 for s in scales):
+            if nkids == 1:
+                return operator.itemgetter(0)  # a child that cannot run is NEVER already
+            if nkids == 2:
+                return lambda kids: NEVER if INF in kids[0] or INF in kids[1] else tuple(map(operator.add, *kids))
+
+        def combine(kids: list[Cost]) -> Cost:
+            if any(INF in k for k in kids):
+                return NEVER
+            total = local
+            for k, s in zip(kids, scales):
+                total = tuple(map(operator.add, total, self.counted(k, s, buffers)))
+            return total
+
+        return combine
 
     def settled(self, c: Cost, buffers: int) -> Cost:
         """c in the body of a loop whose loads get `buffers` buffers each. With one, a load's

@@ -14,7 +14,7 @@ from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationS
 from extraction.alternatives import k_cheapest
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from extraction.ilp import TIME_LIMIT, IlpExtracted, dag_cost, extract_ilp
-from extraction.pinning import over_budget, pinned_constants
+from extraction.pinning import PinnedData, over_budget, pinned_constants
 from frontend.layers import LayerSpec, Model, build_model
 from hwmodels.codegen import CapacityError, CodegenError, generate
 from hwmodels.isa import Program
@@ -291,6 +291,7 @@ def _lay_out(graph: SaturatedGraph, model: Model, target: Target, functional: bo
     candidate could not be laid out."""
     result = None
     least, last, tried = 0.0, ROOM[0][0], set()
+    data, done = PinnedData(graph), {}
     for stage in ROOM:
         room, pinned, budget = max(stage[0], least), stage[1], stage[2]
         if (room, pinned, budget) in tried:
@@ -298,7 +299,7 @@ def _lay_out(graph: SaturatedGraph, model: Model, target: Target, functional: bo
         tried.add((room, pinned, budget))
         cost_target = replace(target, value_room=room, pinned_room=pinned)
         try:
-            found = _extract_within(graph, cost_target, extractor, time_limit, budget)
+            found = _extract_within(graph, cost_target, extractor, time_limit, budget, data, done)
         except NoProgramError:
             if stage == ROOM[0]:
                 raise
@@ -316,16 +317,23 @@ def _lay_out(graph: SaturatedGraph, model: Model, target: Target, functional: bo
 
 
 def _extract_within(graph: SaturatedGraph, target: Target, extractor: str, time_limit: float,
-                    budget: float | None) -> tuple[Extracted, float, frozenset[str]] | None:
+                    budget: float | None, data: PinnedData,
+                    done: dict[tuple, tuple[Extracted, float]]) -> tuple[Extracted, float, frozenset[str]] | None:
     """The cheapest program whose pinned constants fill at most `budget` of each on-chip memory
     together (any, when None), its extraction seconds and the e-classes of the constants it may
-    not pin. Each program found that pins too much has the pins that do not fit unpinned
-    (`over_budget` keeps the largest that fit) and extraction runs again, until its pins fit;
-    None when the first program's pins already fit."""
+    not pin. Each program found that pins too much has the pins that do not fit unpinned, in
+    every layout of their data (`over_budget` keeps the largest that fit; `PinnedData`), and
+    extraction runs again, until its pins fit; None when the first program's pins already fit.
+    `done` holds the extractions of earlier stages by room and unpinned constants: a stage
+    with a budget starts from the program the stage without one found, so it is not extracted
+    again (its seconds still count)."""
     unpinned: frozenset[str] = frozenset()
     total = 0.0
     while True:
-        best, seconds = extract(graph, target, extractor, time_limit, unpinned)
+        key = (target.value_room, target.pinned_room, unpinned)
+        if key not in done:
+            done[key] = extract(graph, target, extractor, time_limit, unpinned)
+        best, seconds = done[key]
         total += seconds
         if budget is None:
             return best, total, unpinned
@@ -333,7 +341,7 @@ def _extract_within(graph: SaturatedGraph, target: Target, extractor: str, time_
         drop = over_budget(pins, {s: m.capacity * budget for s, m in target.memories.items()})
         if not drop:
             return (best, total, unpinned) if unpinned else None
-        unpinned |= drop
+        unpinned |= data.same(p for p in pins if p.eclass in drop)
 
 
 def _first_buildable(model: Model, target: Target, unpinned: frozenset[str], graph: SaturatedGraph,

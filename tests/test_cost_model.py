@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from egraph_rules.ir import ta, tensor_type, tp, ts
+from extraction.greedy import INF, GraphView, computations, greedy_choice
+from frontend.layers import build_model
 from hwmodels.target import COMPONENTS, NEVER
-from liftsat.api import optimize
+from liftsat.api import SharedEGraph, optimize
 from liftsat.targets import BUILTIN, get_target
 
 F32 = ts("f32")
@@ -193,3 +195,26 @@ def test_node_is_local_plus_scaled_children() -> None:
     args = (None, ta(ta(F32, 16), 5))
     want = tuple(a + 4 * b for a, b in zip(cm.local("Reduce", args), kid))
     assert cm.node("Reduce", args, [kid]) == want
+
+
+@pytest.mark.parametrize("target", sorted(BUILTIN))
+def test_combiner_is_local_plus_scaled_children_on_every_enode(target: str) -> None:
+    """The combiner greedy extraction prices e-nodes with (its short cuts for re-indexings
+    included) gives local + each child's cost counted its scale times, or NEVER, on every e-node
+    of a saturated e-graph, with the children's costs greedy chose."""
+    tgt = get_target(target)
+    cm = tgt.cost_model()
+    graph = SharedEGraph(build_model(["Linear(64, 48)", "ReLU()"], (2, 64), values=False).term).saturate(tgt)
+    view = GraphView(graph)
+    best = greedy_choice(graph, cm, view)
+    work = computations(graph, view, cm)
+    assert len({len(c.kids) for c in work}) >= 3
+    for c in work:
+        kids = [best[k][3] for k in c.kids]
+        want = cm.local(c.op, c.args)
+        if INF in want or any(INF in k for k in kids):
+            want = NEVER
+        else:
+            for k, s in zip(kids, cm.scales(c.op, c.args, len(kids))):
+                want = tuple(a + b for a, b in zip(want, cm.counted(k, s, cm.buffers(c.op))))
+        assert cm.combiner(c.op, c.args, len(kids))(kids) == want

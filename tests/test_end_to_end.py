@@ -314,16 +314,25 @@ def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monk
     assert r.cycles < none.cycles
 
 
-def test_pinned_budgets_are_tried_after_less_room_per_value_has_no_program():
+def test_pinned_budgets_are_tried_after_less_room_per_value_has_no_program(monkeypatch):
     """A GRU(64) step on a systolic array whose accumulator holds ten 64-element vectors: its six
     biases pinned at setup leave too little for the gate vectors, and with a quarter of the
     accumulator per value there is no program at all. The budgets for pinned constants are
-    still tried (at the last room that had a program), and one pins part of the biases."""
+    still tried (at the last room that had a program), and one pins part of the biases. No
+    extraction runs twice: each budget starts from the program found without one."""
     base = get_target("systolic")
     mems = dict(base.memories)
     mems["gm.acc"] = dataclasses.replace(mems["gm.acc"], capacity=10 * 64 * 4)
     small = dataclasses.replace(base, memories=mems)
+    runs, real = [], api.extract
+
+    def counted(graph, target, extractor="greedy", time_limit=10.0, unpinned=frozenset()):
+        runs.append((target.value_room, target.pinned_room, unpinned))
+        return real(graph, target, extractor, time_limit, unpinned)
+
+    monkeypatch.setattr(api, "extract", counted)
     r = optimize(["GRU(64, 64)"], (1, 2, 64), target=small)
+    assert len(runs) == len(set(runs)) and any(unpinned for _, _, unpinned in runs)
     _check_accuracy(r, (2, 64))  # the last step's hidden state
     assert r.program.memory_sizes["gm.acc"] <= 10 * 64
     assert r.weights["bih0"] == "partly pinned" and r.weights["bhh0"] == "streamed"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from extraction.pinning import Pin, over_budget, pinned_constants
+from extraction.pinning import Pin, PinnedData, over_budget, pinned_constants
 from frontend.layers import build_model
 from liftsat.api import SharedEGraph, extract
 from liftsat.targets import get_target
@@ -38,6 +38,11 @@ def test_pinned_constants_are_the_programs_on_chip_constants():
             break
         unpinned |= {p.eclass for p in mrf}
     assert not mrf and len(unpinned) >= 2
+    # the layouts found one at a time are the layouts of W0's data, which PinnedData finds at once
+    first = [p for p in pins if p.space == "bw.mrf"]
+    assert PinnedData(graph).same(first) == frozenset(unpinned)
+    at_once, _ = extract(graph, target, unpinned=PinnedData(graph).same(first))
+    assert at_once.term == streamed.term
     assert [(p.space, p.nbytes) for p in pinned_constants(graph, graph.roots["root"], streamed.term)] == [("bw.vrf", 256)]
     assert streamed.cycles > best.cycles
     # the ILP extractor leaves the same constants unpinned
@@ -52,3 +57,23 @@ def test_a_term_outside_the_root_class_is_refused():
     best, _ = extract(other, target)
     with pytest.raises(ValueError, match="not a term of the root e-class"):
         pinned_constants(graph, graph.roots["root"], best.term)
+
+
+def test_pinned_data_tells_slices_of_one_weight_apart():
+    """A GRU step pins its biases as slices of two variables (one per gate) and a vector of -1s:
+    each slice is other data than the others, and each layout of a slice is the same data as the
+    slice."""
+    target = get_target("vta")
+    graph = SharedEGraph(build_model(["GRUCell(64, 32)"], (1, 64), values=False).term).saturate(target)
+    best, _ = extract(graph, target)
+    pins = [p for p in pinned_constants(graph, graph.roots["root"], best.term) if p.space == "vta.acc"]
+    data = PinnedData(graph)
+    assert len(pins) >= 4
+    groups = [data.same([p]) for p in pins]
+    for p, group in zip(pins, groups):
+        assert p.eclass in group
+        assert not group & {q.eclass for q in pins if q != p}
+    assert any(len(group) > 1 for group in groups)  # some slice has another layout
+    value = {cls: v for cls, v in data.placed[(pins[0].space, pins[0].nbytes)]}
+    for group in groups:
+        assert len({data.data(value[c]) for c in group}) == 1 and None not in {data.data(value[c]) for c in group}

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from egraph_rules.ir import T, Term, comp, numel, ta, tensor_type, tp, ts
+from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, EGraphError, Saturator
-from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint
+from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
 
@@ -149,6 +149,19 @@ def test_classes_overflowing_their_memory_are_left_out():
     graph, small, large = _overflow_graph()
     assert extract_greedy(graph, graph.roots["root"], Size()).term == small
     assert extract_greedy(graph, graph.roots["root"], Placed()).term == large
+
+
+def test_smallest_is_a_smallest_term_of_its_class():
+    """GraphView.smallest, which looks only below its e-class, finds terms as small as greedy
+    extraction by size over the whole e-graph, each a term of its class."""
+    graph = saturated(relu_term(3 * N))
+    view = GraphView(graph)
+    sizes = greedy_choice(graph, Size(), view)
+    assert view.smallest(graph.roots["root"]) == relu_term(3 * N)
+    for cls, (size, *_) in sizes.items():
+        term = view.smallest(cls)
+        assert graph.class_of(term) == cls
+        assert sum(1 for t in term.walk() if SCHEMA[t.op][0] in ("F", "E")) == size
 
 
 def test_only_enodes_whose_children_can_have_a_value_are_decoded():
