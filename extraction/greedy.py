@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -250,13 +251,13 @@ def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) ->
 def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[[int], bool]) -> None:
     """`fixpoint` over e-nodes given by position: each one's children's e-classes and its own;
     visit(n) says whether e-node n changed its class."""
-    users: dict[str, list[int]] = {}
+    users: defaultdict[str, list[int]] = defaultdict(list)
     missing: list[int] = []
     for n, ks in enumerate(kids):
-        distinct = set(ks)
+        distinct = ks if len(ks) < 2 else set(ks)
         missing.append(len(distinct))
         for k in distinct:
-            users.setdefault(k, []).append(n)
+            users[k].append(n)
     todo = [n for n, m in enumerate(missing) if not m]
     queued = bytearray(len(kids))
     for n in todo:
@@ -281,25 +282,25 @@ def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[
 def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
     """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost)."""
     best: dict[str, tuple[float, int, str, Any]] = {}
-    work = computations(graph, view, model)
-    combiner = getattr(model, "combiner", None)
-    costs = [combiner(c.op, c.args, len(c.kids)) if combiner else partial(model.node, c.op, c.args) for c in work]
-    kids, classes, ids = [c.kids for c in work], [c.eclass for c in work], [c.nid for c in work]
-    scalar = model.scalar
-
-    def improve(n: int) -> bool:
-        chosen = [best[k] for k in kids[n]]
-        cost = costs[n]([b[3] for b in chosen])
-        cycles, old = scalar(cost), best.get(classes[n])
-        if old is not None and cycles > old[0]:
-            return False
-        cand = (cycles, 1 + sum([b[1] for b in chosen]), ids[n], cost)
-        if old is not None and cand[:3] >= old[:3]:
-            return False
-        best[classes[n]] = cand
-        return True
-
     with gc_paused():
+        work = computations(graph, view, model)
+        combiner = getattr(model, "combiner", None)
+        costs = [combiner(c.op, c.args, len(c.kids)) if combiner else partial(model.node, c.op, c.args) for c in work]
+        kids, classes, ids = [c.kids for c in work], [c.eclass for c in work], [c.nid for c in work]
+        scalar = model.scalar
+
+        def improve(n: int) -> bool:
+            chosen = [best[k] for k in kids[n]]
+            cost = costs[n]([b[3] for b in chosen])
+            cycles, old = scalar(cost), best.get(classes[n])
+            if old is not None and cycles > old[0]:
+                return False
+            cand = (cycles, 1 + sum([b[1] for b in chosen]), ids[n], cost)
+            if old is not None and cand[:3] >= old[:3]:
+                return False
+            best[classes[n]] = cand
+            return True
+
         _propagate(kids, classes, improve)
     return best
 
