@@ -117,16 +117,16 @@ class GraphView:
         its terms would be infinite): a fixpoint over the e-nodes below it only, for looking
         at one value without extracting the whole e-graph."""
         nodes, classes = self.graph.nodes, self.graph.classes
-        below, todo, ids = {cls}, [cls], []
+        below, todo, kids_of = {cls}, [cls], {}
         while todo:
             for nid in classes[todo.pop()]:
                 if _kids_of(nodes[nid]["op"]) is not None:
-                    ids.append(nid)
-                    fresh = set(self.kids(nid)) - below
+                    kids_of[nid] = self.kids(nid)
+                    fresh = set(kids_of[nid]) - below
                     below |= fresh
-                    todo.extend(sorted(fresh))
-        ids.sort()
-        kids = [self.kids(nid) for nid in ids]
+                    todo.extend(fresh)
+        ids = sorted(kids_of)
+        kids = [kids_of[nid] for nid in ids]
         owner = [nodes[nid]["eclass"] for nid in ids]
         size: dict[str, tuple[int, str]] = {}
 

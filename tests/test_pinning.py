@@ -40,8 +40,9 @@ def test_pinned_constants_are_the_programs_on_chip_constants():
     assert not mrf and len(unpinned) >= 2
     # the layouts found one at a time are the layouts of W0's data, which PinnedData finds at once
     first = [p for p in pins if p.space == "bw.mrf"]
-    assert PinnedData(graph).same(first) == frozenset(unpinned)
-    at_once, _ = extract(graph, target, unpinned=PinnedData(graph).same(first))
+    same = PinnedData(graph).same(first)
+    assert same == frozenset(unpinned)
+    at_once, _ = extract(graph, target, unpinned=same)
     assert at_once.term == streamed.term
     assert [(p.space, p.nbytes) for p in pinned_constants(graph, graph.roots["root"], streamed.term)] == [("bw.vrf", 256)]
     assert streamed.cycles > best.cycles
