@@ -3,13 +3,15 @@ budgets that egglog itself does not enforce; reports why it stopped."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
+from operator import itemgetter
 
 from egglog import bindings
 
@@ -29,7 +31,9 @@ class Budget:
 @dataclass
 class SaturationStats:
     """What a saturation did and why it stopped. E-classes are counted when the e-graph is
-    serialized (None before); e-nodes are recounted then, without primitives."""
+    serialized (None before); e-nodes are recounted then, without primitives, and
+    `serialize_seconds` is how long the serialized e-graph took to build, with its index of
+    e-node uses (`SaturatedGraph.functions`)."""
 
     enodes: int
     eclasses: int | None
@@ -38,6 +42,7 @@ class SaturationStats:
     stop_reason: str
     seconds: float
     matches_per_rule: dict[str, int] = field(default_factory=dict)
+    serialize_seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -47,6 +52,7 @@ class SaturationStats:
             "saturated": self.saturated,
             "stop_reason": self.stop_reason,
             "seconds": round(self.seconds, 4),
+            "serialize_seconds": round(self.serialize_seconds, 4),
         }
 
 
@@ -67,6 +73,22 @@ class SaturatedGraph:
     #: and the e-class of its output type (`fout`), so extraction can check capacities
     spaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+    #: the e-nodes of sort F or E with their F/E children and uses: what every extraction from
+    #: this e-graph walks (each stage, pin budget, alternative), indexed once with it
+    functions: Functions = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        ids: list[str] = []
+        kids: list[tuple[str, ...]] = []
+        classes: list[str] = []
+        for nid in sorted(self.nodes):
+            node = self.nodes[nid]
+            pick = kids_of(node["op"])
+            if pick is not None:
+                ids.append(nid)
+                kids.append(pick(node["children"]))
+                classes.append(node["eclass"])
+        self.functions = Functions(ids, kids, classes, uses_of(kids))
 
     @cached_property
     def _index(self) -> dict[tuple[str, tuple[str, ...]], str]:
@@ -76,6 +98,78 @@ class SaturatedGraph:
     def class_of(self, term: Term) -> str:
         """The e-class holding a term (an EGraphError when the e-graph does not hold it)."""
         return _class_of(term, self._index)
+
+
+@cache
+def child_sorts(op: str) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Where an operator's F/E children are among its arguments, and for each argument whether it is one."""
+    is_kid = tuple(s in ("F", "E") for s in SCHEMA[op][1])
+    return tuple(i for i, k in enumerate(is_kid) if k), is_kid
+
+
+@cache
+def kids_of(op: str) -> Callable[[list[str]], tuple[str, ...]] | None:
+    """What picks an e-node's F/E children out of its children (None: op is no F/E operator)."""
+    schema = SCHEMA.get(op)
+    if schema is None or schema[0] == "Ty":
+        return None
+    kid_at = child_sorts(op)[0]
+    if len(kid_at) == 1:
+        return lambda children: (children[kid_at[0]],)
+    return itemgetter(*kid_at) if kid_at else lambda children: ()
+
+
+@dataclass(frozen=True)
+class Uses:
+    """For a list of e-nodes: the positions of the e-nodes using each e-class as an F/E child,
+    and how many distinct e-classes each e-node's F/E children are (what a bottom-up fixpoint
+    waits for before it visits an e-node)."""
+
+    users: dict[str, list[int]]
+    distinct: list[int]
+
+
+def uses_of(kids: list[tuple[str, ...]]) -> Uses:
+    """The uses of e-nodes given by their F/E children's e-classes."""
+    users: defaultdict[str, list[int]] = defaultdict(list)
+    distinct: list[int] = []
+    for n, ks in enumerate(kids):
+        if len(ks) == 2 and ks[0] != ks[1]:
+            users[ks[0]].append(n)
+            users[ks[1]].append(n)
+            distinct.append(2)
+        else:
+            ds = set(ks) if len(ks) > 1 else ks
+            distinct.append(len(ds))
+            for k in ds:
+                users[k].append(n)
+    return Uses(dict(users), distinct)
+
+
+@dataclass(frozen=True)
+class Functions:
+    """The e-nodes of sort F or E of an e-graph in node-id order: their ids, their F/E children's
+    e-classes, their own e-classes, and their uses."""
+
+    ids: list[str]
+    kids: list[tuple[str, ...]]
+    classes: list[str]
+    uses: Uses
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for a block: serializing and extracting an e-graph allocate
+    a record or two per e-node, none in a cycle, and the collections those allocations set off
+    scanned the whole e-graph again and again (half of greedy extraction's time on AlexNet
+    conv2's 91 k e-nodes; half of serializing the systolic GEMM 1760x128x1760's 410 k)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _ir_size(sizes: list[tuple[str, int]]) -> int:
@@ -166,7 +260,15 @@ class Saturator:
                                spent_seconds + time.perf_counter() - start, dict(matches))
 
     def serialize(self, roots: dict[str, Term], stats: SaturationStats) -> SaturatedGraph:
-        """The e-graph as plain data for extraction (IR sorts and their primitives only)."""
+        """The e-graph as plain data for extraction (IR sorts and their primitives only), its
+        F/E e-nodes indexed (`SaturatedGraph.functions`); the seconds it took go in the stats."""
+        start = time.perf_counter()
+        with gc_paused():
+            graph = self._serialized(roots, stats)
+        stats.serialize_seconds = time.perf_counter() - start
+        return graph
+
+    def _serialized(self, roots: dict[str, Term], stats: SaturationStats) -> SaturatedGraph:
         data = json.loads(self.egraph.serialize([]).to_json())
         class_of = {nid: n["eclass"] for nid, n in data["nodes"].items()}
         nodes = {

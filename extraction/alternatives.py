@@ -15,9 +15,8 @@ import heapq
 from dataclasses import dataclass
 
 from egraph_rules.ir import Term
-from egraph_rules.saturate import SaturatedGraph
-from extraction.greedy import (INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint,
-                               gc_paused)
+from egraph_rules.saturate import SaturatedGraph, gc_paused
+from extraction.greedy import INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint
 
 
 @dataclass(frozen=True)

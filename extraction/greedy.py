@@ -10,19 +10,15 @@ order is the node ids' (`fixpoint`), fixed by the graph, so extraction is determ
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache, partial
-from operator import itemgetter
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 from egraph_rules.ir import SCHEMA, Term, primitive_value, tp
-from egraph_rules.saturate import SaturatedGraph
+from egraph_rules.saturate import SaturatedGraph, Uses, child_sorts, gc_paused, kids_of, uses_of
 
 INF = math.inf
 
@@ -98,14 +94,14 @@ class GraphView:
     def kids(self, nid: str) -> tuple[str, ...]:
         """The e-classes of an e-node's F/E children, in order."""
         node = self.graph.nodes[nid]
-        return _kids_of(node["op"])(node["children"])
+        return kids_of(node["op"])(node["children"])
 
     def term(self, nid: str, kids: list[Term]) -> Term:
         """The term of an e-node given the terms chosen for its F/E children."""
         node = self.graph.nodes[nid]
         it = iter(kids)
         return Term(node["op"], tuple(next(it) if k else self.const(c)
-                                      for k, c in zip(_child_sorts(node["op"])[1], node["children"])))
+                                      for k, c in zip(child_sorts(node["op"])[1], node["children"])))
 
     def build(self, cls: str, chosen: Mapping[str, str]) -> Term:
         """The term of e-class cls with every e-class taking the e-node `chosen` names for it."""
@@ -117,16 +113,16 @@ class GraphView:
         its terms would be infinite): a fixpoint over the e-nodes below it only, for looking
         at one value without extracting the whole e-graph."""
         nodes, classes = self.graph.nodes, self.graph.classes
-        below, todo, kids_of = {cls}, [cls], {}
+        below, todo, found = {cls}, [cls], {}
         while todo:
             for nid in classes[todo.pop()]:
-                if _kids_of(nodes[nid]["op"]) is not None:
-                    kids_of[nid] = self.kids(nid)
-                    fresh = set(kids_of[nid]) - below
+                if kids_of(nodes[nid]["op"]) is not None:
+                    found[nid] = self.kids(nid)
+                    fresh = set(found[nid]) - below
                     below |= fresh
                     todo.extend(fresh)
-        ids = sorted(kids_of)
-        kids = [kids_of[nid] for nid in ids]
+        ids = sorted(found)
+        kids = [found[nid] for nid in ids]
         owner = [nodes[nid]["eclass"] for nid in ids]
         size: dict[str, tuple[int, str]] = {}
 
@@ -153,25 +149,6 @@ class Computation(NamedTuple):
     eclass: str
 
 
-@cache
-def _child_sorts(op: str) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-    """Where an operator's F/E children are among its arguments, and for each argument whether it is one."""
-    is_kid = tuple(s in ("F", "E") for s in SCHEMA[op][1])
-    return tuple(i for i, k in enumerate(is_kid) if k), is_kid
-
-
-@cache
-def _kids_of(op: str) -> Callable[[list[str]], tuple[str, ...]] | None:
-    """What picks an e-node's F/E children out of its children (None: op is no F/E operator)."""
-    schema = SCHEMA.get(op)
-    if schema is None or schema[0] == "Ty":
-        return None
-    kid_at = _child_sorts(op)[0]
-    if len(kid_at) == 1:
-        return lambda children: (children[kid_at[0]],)
-    return itemgetter(*kid_at) if kid_at else lambda children: ()
-
-
 def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> list[Computation]:
     """Every F/E e-node of the graph that can have a value, in node-id order (so what is built
     from it is deterministic): one whose children's e-classes each hold such an e-node. Left
@@ -187,16 +164,7 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
     unpinned = getattr(model, "unpinned", frozenset())
     overflow: dict[str, bool] = {}
     nodes = graph.nodes
-    ids: list[str] = []
-    kids: list[tuple[str, ...]] = []
-    classes: list[str] = []
-    for nid in sorted(nodes):
-        node = nodes[nid]
-        kids_of = _kids_of(node["op"])
-        if kids_of is not None:
-            ids.append(nid)
-            kids.append(kids_of(node["children"]))
-            classes.append(node["eclass"])
+    ids, kids, classes = graph.functions.ids, graph.functions.kids, graph.functions.classes
     out: dict[int, Computation] = {}
     valued: set[str] = set()
 
@@ -213,29 +181,15 @@ def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> li
         if op == "Const" and (placed := view.placed(cls)) and (
                 cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
             return False
-        is_kid = _child_sorts(op)[1]
+        is_kid = child_sorts(op)[1]
         args = tuple([None if k else view.const(c) for k, c in zip(is_kid, children)])
         out[n] = Computation(ids[n], op, args, kids[n], cls)
         first = cls not in valued
         valued.add(cls)
         return first
 
-    _propagate(kids, classes, reach)
+    _propagate(kids, classes, reach, graph.functions.uses)
     return [out[n] for n in sorted(out)]
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cycle collector off for a block: extraction allocates a tuple or two per e-node,
-    none in a cycle, and the collections those allocations set off scanned the whole e-graph
-    again and again (half of greedy extraction's time on AlexNet conv2's 91 k e-nodes)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) -> None:
@@ -248,16 +202,12 @@ def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) ->
     _propagate([c.kids for c in work], [c.eclass for c in work], lambda n: improve(work[n]))
 
 
-def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[[int], bool]) -> None:
-    """`fixpoint` over e-nodes given by position: each one's children's e-classes and its own;
-    visit(n) says whether e-node n changed its class."""
-    users: defaultdict[str, list[int]] = defaultdict(list)
-    missing: list[int] = []
-    for n, ks in enumerate(kids):
-        distinct = ks if len(ks) < 2 else set(ks)
-        missing.append(len(distinct))
-        for k in distinct:
-            users[k].append(n)
+def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[[int], bool],
+               uses: Uses | None = None) -> None:
+    """`fixpoint` over e-nodes given by position: each one's children's e-classes and its own
+    (and their `uses`, when indexed already); visit(n) says whether e-node n changed its class."""
+    uses = uses or uses_of(kids)
+    users, missing = uses.users, list(uses.distinct)
     todo = [n for n, m in enumerate(missing) if not m]
     queued = bytearray(len(kids))
     for n in todo:

@@ -116,7 +116,8 @@ def _summary(r) -> str:
         f"  accuracy      max abs error {r.max_abs_error:.2e}, max rel error {r.max_rel_error:.2e} vs numpy"
         if r.output is not None else "  accuracy      not checked (timing-only simulation)",
         f"  e-graph       {e.enodes} e-nodes, {e.eclasses} e-classes, {e.iterations} iterations, {stop}, "
-        f"{e.seconds:.2f} s; extraction {r.extract_seconds:.2f} s{_ilp(r.extraction)}",
+        f"{e.seconds:.2f} s (serialized and indexed in {e.serialize_seconds:.2f} s); "
+        f"extraction {r.extract_seconds:.2f} s{_ilp(r.extraction)}",
         f"  program       {r.instructions} instructions, {r.dynamic_instructions} executed: {ops}",
         *_alternatives(r),
     ])

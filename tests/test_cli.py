@@ -74,7 +74,8 @@ def test_json_keys(json_run):
                 "dynamic_instructions", "ops"}
     assert expected <= set(json_run)
     assert {"setup_cycles", "weights"} <= set(json_run)  # documented in the README
-    assert set(json_run["egraph"]) == {"enodes", "eclasses", "iterations", "saturated", "stop_reason", "seconds"}
+    assert set(json_run["egraph"]) == {"enodes", "eclasses", "iterations", "saturated", "stop_reason", "seconds",
+                                      "serialize_seconds"}
 
 
 def test_json_values(json_run):

@@ -9,7 +9,7 @@ import pytest
 
 from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule
-from egraph_rules.saturate import Budget, EGraphError, Saturator
+from egraph_rules.saturate import Budget, EGraphError, Saturator, uses_of
 from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
@@ -198,6 +198,30 @@ def test_fixpoint_visits_an_enode_once_its_children_have_values():
     fixpoint(work, improve)
     assert set(best) == {c.eclass for c in work}
     assert len(visits) < 2 * len(work)
+
+
+def test_functions_index_every_fe_enode_and_its_uses():
+    """`SaturatedGraph.functions`, built once with the serialized e-graph, lists every F/E e-node
+    in node-id order with its F/E children as `GraphView.kids` picks them; an e-class's users
+    are exactly the e-nodes with it among their children, and each e-node waits for as many
+    distinct child classes as it has."""
+    graph, _, _ = _overflow_graph()
+    view, index = GraphView(graph), graph.functions
+    fe = sorted(nid for nid, n in graph.nodes.items() if SCHEMA.get(n["op"], ("Ty",))[0] in ("F", "E"))
+    assert index.ids == fe
+    assert index.kids == [view.kids(nid) for nid in fe]
+    assert index.classes == [graph.nodes[nid]["eclass"] for nid in fe]
+    for cls in {k for ks in index.kids for k in ks}:
+        assert index.uses.users[cls] == [n for n, ks in enumerate(index.kids) if cls in ks]
+    assert index.uses.distinct == [len(set(ks)) for ks in index.kids]
+
+
+def test_uses_count_a_repeated_child_once():
+    """An e-node with the same class twice among its children (Zip of a value with itself) is
+    one user of it and waits for one class."""
+    uses = uses_of([(), ("a",), ("a", "a"), ("a", "b"), ("b", "a", "b")])
+    assert uses.users == {"a": [1, 2, 3, 4], "b": [3, 4]}
+    assert uses.distinct == [0, 1, 1, 2, 2]
 
 
 @pytest.mark.parametrize("fill", [-math.inf, 1e20, -1e-7, 2.5])
