@@ -75,11 +75,11 @@ class PinnedData:
         """The constants pinned in each memory with each size: their e-classes and the e-classes
         of their values."""
         out: dict[tuple[str, int], list[tuple[str, str]]] = {}
-        for nid in sorted(self.graph.nodes):
-            node = self.graph.nodes[nid]
-            if node["op"] == "Const":
-                for space, t in self.view.placed(node["eclass"]):
-                    out.setdefault((space, nbytes(t)), []).append((node["eclass"], node["children"][0]))
+        index = self.graph.functions
+        for nid, cls, kids in zip(index.ids, index.classes, index.kids):
+            if self.graph.nodes[nid]["op"] == "Const":
+                for space, t in self.view.placed(cls):
+                    out.setdefault((space, nbytes(t)), []).append((cls, kids[0]))
         return out
 
     def data(self, value: str) -> tuple[str, bytes] | None:
