@@ -79,6 +79,7 @@ class SaturatedGraph:
 
     def __post_init__(self) -> None:
         ids: list[str] = []
+        ops: list[str] = []
         kids: list[tuple[str, ...]] = []
         classes: list[str] = []
         for nid in sorted(self.nodes):
@@ -86,9 +87,10 @@ class SaturatedGraph:
             pick = kids_of(node["op"])
             if pick is not None:
                 ids.append(nid)
+                ops.append(node["op"])
                 kids.append(pick(node["children"]))
                 classes.append(node["eclass"])
-        self.functions = Functions(ids, kids, classes, uses_of(kids))
+        self.functions = Functions(ids, ops, kids, classes, uses_of(kids))
 
     @cached_property
     def _index(self) -> dict[tuple[str, tuple[str, ...]], str]:
@@ -148,10 +150,11 @@ def uses_of(kids: list[tuple[str, ...]]) -> Uses:
 
 @dataclass(frozen=True)
 class Functions:
-    """The e-nodes of sort F or E of an e-graph in node-id order: their ids, their F/E children's
-    e-classes, their own e-classes, and their uses."""
+    """The e-nodes of sort F or E of an e-graph in node-id order: their ids, operators, F/E
+    children's e-classes, their own e-classes, and their uses."""
 
     ids: list[str]
+    ops: list[str]
     kids: list[tuple[str, ...]]
     classes: list[str]
     uses: Uses

@@ -1,11 +1,11 @@
 """Greedy bottom-up extraction over the serialized e-graph with a target's cost model.
 
 Every e-node of sort F or E gets cost(op, constant arguments, costs of its F/E children); an
-e-class costs its cheapest e-node. An e-node is visited once its child classes all have a cost,
-then again whenever one of them improves, until none does; ties go to the smaller term, then to
-the node id. A cost is a vector whose cycles are its busiest component, so a child's cheaper
-cycles can raise its parent's, and the fixpoint reached can depend on the visiting order: that
-order is the node ids' (`fixpoint`), fixed by the graph, so extraction is deterministic.
+e-class costs its cheapest e-node, ties to the smaller term, then to the node id. Candidates
+are taken cheapest first (`greedy_choice`), and an e-node is priced again whenever a child
+class improves, until none does. A cost is a vector whose cycles are its busiest component, so
+a child's cheaper cycles can raise its parent's and the fixpoint reached can depend on the
+order; this one is fixed by the costs and node ids, so extraction is deterministic.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CostModel(Protocol):
         local unless some of it is paid only on a first run or depends on the buffers."""
 
     def scalar(self, cost: Any) -> float:
-        """Predicted cycles of a cost (INF when the target cannot run it)."""
+        """Predicted cycles of a cost (INF when the target cannot run it; never negative)."""
 
     # optional: combiner(op, args, nkids) -> a function of the child costs giving `node`'s cost,
     # for an e-node visited many times
@@ -151,54 +151,70 @@ class Computation(NamedTuple):
 
 def computations(graph: SaturatedGraph, view: GraphView, model: CostModel) -> list[Computation]:
     """Every F/E e-node of the graph that can have a value, in node-id order (so what is built
-    from it is deterministic): one whose children's e-classes each hold such an e-node. Left
-    out with their e-classes' other e-nodes: those of e-classes whose value would overflow the
-    on-chip memory it is left in (an intermediate result codegen could not lay out, which no
-    other cost sees); left out alone: constants pinned on chip that the model does not let stay
-    there (too large, or `unpinned`), and Folds whose step leaves its state on chip where the
-    two state buffers codegen alternates between would overflow (the Fold that keeps its state
-    in DRAM is another e-node). Only the e-nodes reached are decoded: on the systolic array's
-    93 k e-node graphs, most are compositions whose children never get a value."""
-    fits = getattr(model, "fits", None)
-    pins = getattr(model, "fits_pinned", None)
-    unpinned = getattr(model, "unpinned", frozenset())
-    overflow: dict[str, bool] = {}
-    nodes = graph.nodes
-    ids, kids, classes = graph.functions.ids, graph.functions.kids, graph.functions.classes
+    from it is deterministic): one `admission` lets in whose children's e-classes each hold such
+    an e-node. Only the e-nodes reached are decoded: on the systolic array's 93 k e-node graphs,
+    most are compositions whose children never get a value."""
+    admit = admission(graph, view, model)
+    ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
     out: dict[int, Computation] = {}
     valued: set[str] = set()
 
     def reach(n: int) -> bool:
-        node = nodes[ids[n]]
-        op, cls, children = node["op"], classes[n], node["children"]
-        if fits is not None:
-            if cls not in overflow:
-                overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
-            if overflow[cls]:
-                return False
-        if op == "Fold" and fits is not None and not all(fits(space, tp(t, t)) for space, t in view.placed(kids[n][0])):
+        args = admit(n)
+        if args is None:
             return False
-        if op == "Const" and (placed := view.placed(cls)) and (
-                cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
-            return False
-        is_kid = child_sorts(op)[1]
-        args = tuple([None if k else view.const(c) for k, c in zip(is_kid, children)])
-        out[n] = Computation(ids[n], op, args, kids[n], cls)
-        first = cls not in valued
-        valued.add(cls)
+        out[n] = Computation(ids[n], ops[n], args, kids[n], classes[n])
+        first = classes[n] not in valued
+        valued.add(classes[n])
         return first
 
     _propagate(kids, classes, reach, graph.functions.uses)
     return [out[n] for n in sorted(out)]
 
 
+def admission(graph: SaturatedGraph, view: GraphView, model: CostModel) -> Callable[[int], tuple | None]:
+    """The constant arguments of the F/E e-node at a position of the graph's index, decoded (None
+    in place of F/E children), or None when extraction leaves the e-node out. Left out with
+    their e-classes' other e-nodes: those of e-classes whose value would overflow the on-chip
+    memory it is left in (an intermediate result codegen could not lay out, which no other cost
+    sees); left out alone: constants pinned on chip that the model does not let stay there (too
+    large, or `unpinned`), and Folds whose step leaves its state on chip where the two state
+    buffers codegen alternates between would overflow (the Fold that keeps its state in DRAM is
+    another e-node)."""
+    fits = getattr(model, "fits", None)
+    pins = getattr(model, "fits_pinned", None)
+    unpinned = getattr(model, "unpinned", frozenset())
+    overflow: dict[str, bool] = {}
+    nodes = graph.nodes
+    ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
+
+    def admit(n: int) -> tuple | None:
+        op, cls = ops[n], classes[n]
+        if fits is not None:
+            bad = overflow.get(cls)
+            if bad is None:
+                bad = overflow[cls] = not all(fits(space, t) for space, t in view.placed(cls))
+            if bad:
+                return None
+            if op == "Fold" and not all(fits(space, tp(t, t)) for space, t in view.placed(kids[n][0])):
+                return None
+        if op == "Const" and (placed := view.placed(cls)) and (
+                cls in unpinned or (pins is not None and not all(pins(space, t) for space, t in placed))):
+            return None
+        is_kid = child_sorts(op)[1]
+        if all(is_kid):
+            return (None,) * len(is_kid)
+        return tuple([None if k else view.const(c) for k, c in zip(is_kid, nodes[ids[n]]["children"])])
+
+    return admit
+
+
 def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) -> None:
     """Visit each e-node once its child classes all have a value, then again whenever one of
     them improves, until none does; `improve` updates the node's class from it and says whether
     the class changed. Whenever several wait, the first in list order is visited, so the result
-    does not depend on timing. (Visiting first in, first out took 7x fewer visits on the
-    recurrent cells' e-graphs, 93 k to 14 k on a GRU(512) step's 7 k e-nodes, but the fixpoint
-    it reached picked a 7x slower program for the systolic array's GRU(2816) over 1,500 steps.)"""
+    does not depend on timing. The ILP's bounds (the same in any order) and the alternatives'
+    lists use it; greedy extraction takes its candidates cheapest first instead (`greedy_choice`)."""
     _propagate([c.kids for c in work], [c.eclass for c in work], lambda n: improve(work[n]))
 
 
@@ -230,28 +246,68 @@ def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[
 
 
 def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
-    """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost)."""
+    """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost).
+
+    Cheapest first, as Dijkstra's shortest paths (in Knuth's generalization to grammars): an e-node
+    is priced once all its child classes have a cost, the cheapest priced candidate (cycles, then
+    term size, then node id) is taken next, and an e-class's users are priced again whenever it
+    improves. An e-node's cycles are mostly at least its children's (not a Const's, whose value
+    is computed once at setup, nor a loop's whose buffers hide its body's load waits), so most
+    e-classes improve only once; visited in node-id order, as before 2026-11-28, they improved
+    again and again (a GRU(2816) step's 6 k e-nodes were visited 120 k times). A candidate
+    priced before a child improved is dropped. An e-node whose term is no smaller than its
+    class's free one is not priced at all (on Snowflake's 1x1 training convolutions, 46 k of 47 k
+    e-classes are free re-layouts, of weights mostly, reached 110 k ways), and e-nodes are decoded
+    (`admission`) when first priced, so those whose children never get a cost never are."""
     best: dict[str, tuple[float, int, str, Any]] = {}
+    ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
+    users, missing = graph.functions.uses.users, list(graph.functions.uses.distinct)
+    admit, scalar = admission(graph, view, model), model.scalar
+    combiner = getattr(model, "combiner", None) or (lambda op, args, nkids: partial(model.node, op, args))
+    made: dict[tuple, Callable[[list[Any]], Any]] = {}
+    #: each e-node's cost as a function of its children's (None: not decoded yet; False: left out)
+    costs: list[Callable[[list[Any]], Any] | bool | None] = [None] * len(ids)
+    version = [0] * len(ids)
+    heap: list[tuple[float, int, str, int, int, Any]] = []
+    pop, push = heapq.heappop, heapq.heappush
+
+    def price(n: int) -> None:
+        version[n] = stamp = version[n] + 1
+        chosen = [best[k] for k in kids[n]]
+        size, old = 1 + sum([b[1] for b in chosen]), best.get(classes[n])
+        if old is not None and (0.0, size, ids[n]) >= old[:3]:
+            return  # cycles are never negative: even free, it would not beat its class
+        cost_of = costs[n]
+        if cost_of is None:
+            args = admit(n)
+            key = (ops[n], args)
+            if args is None:
+                cost_of = costs[n] = False
+            else:
+                cost_of = costs[n] = made.get(key) or made.setdefault(key, combiner(ops[n], args, len(kids[n])))
+        if cost_of is False:
+            return
+        cost = cost_of([b[3] for b in chosen])
+        cand = (scalar(cost), size, ids[n])
+        if old is None or cand < old[:3]:
+            push(heap, (*cand, n, stamp, cost))
+
     with gc_paused():
-        work = computations(graph, view, model)
-        combiner = getattr(model, "combiner", None)
-        costs = [combiner(c.op, c.args, len(c.kids)) if combiner else partial(model.node, c.op, c.args) for c in work]
-        kids, classes, ids = [c.kids for c in work], [c.eclass for c in work], [c.nid for c in work]
-        scalar = model.scalar
-
-        def improve(n: int) -> bool:
-            chosen = [best[k] for k in kids[n]]
-            cost = costs[n]([b[3] for b in chosen])
-            cycles, old = scalar(cost), best.get(classes[n])
-            if old is not None and cycles > old[0]:
-                return False
-            cand = (cycles, 1 + sum([b[1] for b in chosen]), ids[n], cost)
-            if old is not None and cand[:3] >= old[:3]:
-                return False
-            best[classes[n]] = cand
-            return True
-
-        _propagate(kids, classes, improve)
+        for n, m in enumerate(missing):
+            if not m:
+                price(n)
+        while heap:
+            cycles, size, nid, n, stamp, cost = pop(heap)
+            cls = classes[n]
+            old = best.get(cls)
+            if stamp != version[n] or (old is not None and (cycles, size, nid) >= old[:3]):
+                continue
+            best[cls] = (cycles, size, nid, cost)
+            for u in users.get(cls, ()):
+                if old is None:
+                    missing[u] -= 1
+                if not missing[u]:
+                    price(u)
     return best
 
 
