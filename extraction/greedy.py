@@ -280,10 +280,10 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
         cost_of = costs[n]
         if cost_of is None:
             args = admit(n)
-            key = (ops[n], args)
             if args is None:
                 cost_of = costs[n] = False
             else:
+                key = (ops[n], args)
                 cost_of = costs[n] = made.get(key) or made.setdefault(key, combiner(ops[n], args, len(kids[n])))
         if cost_of is False:
             return

@@ -76,8 +76,8 @@ class PinnedData:
         of their values."""
         out: dict[tuple[str, int], list[tuple[str, str]]] = {}
         index = self.graph.functions
-        for nid, cls, kids in zip(index.ids, index.classes, index.kids):
-            if self.graph.nodes[nid]["op"] == "Const":
+        for op, cls, kids in zip(index.ops, index.classes, index.kids):
+            if op == "Const":
                 for space, t in self.view.placed(cls):
                     out.setdefault((space, nbytes(t)), []).append((cls, kids[0]))
         return out
