@@ -179,11 +179,25 @@ def _ir_size(sizes: list[tuple[str, int]]) -> int:
     return sum(n for name, n in sizes if name in SCHEMA)
 
 
-class Saturator:
-    """Builds an e-graph from named terms and a rule list, and saturates it."""
+#: whether this egglog can plan rule queries without tree decompositions (egglog 14 can; 13.2
+#: has one planner)
+PLANNER_SWITCH = "no_decomp" in (bindings.EGraph.__text_signature__ or "")
 
-    def __init__(self, rules: list[Rule]):
-        self.egraph = bindings.EGraph()
+
+def new_egraph(tree_plans: bool = False) -> bindings.EGraph:
+    """An empty egglog e-graph. egglog 14 plans each rule's query with a tree decomposition
+    unless told not to; here that planning cost more than it saved on every layer measured, and
+    without it saturation reaches the same e-graph 1.8-5.4x sooner (`benchmarks/egglog_plans.py`),
+    so it is off unless `tree_plans`."""
+    return bindings.EGraph(no_decomp=not tree_plans) if PLANNER_SWITCH else bindings.EGraph()
+
+
+class Saturator:
+    """Builds an e-graph from named terms and a rule list, and saturates it (`tree_plans`: with
+    egglog 14's tree-decomposed query plans, see `new_egraph`)."""
+
+    def __init__(self, rules: list[Rule], tree_plans: bool = False):
+        self.egraph = new_egraph(tree_plans)
         #: the egglog commands added so far: a command several rules share (the analysis marks
         #: that their queries walk, `REDUCE_TAILS`) is added once, not run once per rule
         self.added: set[str] = set()

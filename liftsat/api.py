@@ -138,11 +138,11 @@ class SharedEGraph:
     """One e-graph for a program term, saturated once with the shared rules (the DSL lowering).
     Each target then grows its own programs from it (structural, tiling and hardware rules, on a
     copy that is dropped afterwards, so no program mixes two targets' memories) and extracts its
-    cheapest one."""
+    cheapest one (`tree_plans`: see `Saturator`)."""
 
-    def __init__(self, term: Term, budget: Budget | None = None):
+    def __init__(self, term: Term, budget: Budget | None = None, tree_plans: bool = False):
         self.term, self.budget = term, budget or Budget()
-        self.sat = Saturator(shared_rules())
+        self.sat = Saturator(shared_rules(), tree_plans)
         self.sat.add("root", term)
         self.stats = self.sat.run(self.budget)
         self.stats.eclasses = self.sat.serialize({"root": term}, self.stats).stats.eclasses

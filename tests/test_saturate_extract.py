@@ -9,7 +9,7 @@ import pytest
 
 from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule
-from egraph_rules.saturate import Budget, EGraphError, Saturator, uses_of
+from egraph_rules.saturate import PLANNER_SWITCH, Budget, EGraphError, Saturator, uses_of
 from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from frontend.layers import build_model
 from liftsat.api import SharedEGraph
@@ -71,6 +71,18 @@ def test_budgets_stop_saturation(budget, reason):
     stats = saturated(relu_term(3 * N), budget=budget).stats
     assert not stats.saturated
     assert stats.stop_reason.startswith(reason)
+
+
+@pytest.mark.skipif(not PLANNER_SWITCH, reason="this egglog has one query planner (egglog 14 has two)")
+def test_saturation_without_tree_plans_reaches_the_same_egraph():
+    """liftsat turns egglog 14's tree-decomposed query plans off for speed; the rules must match
+    and build exactly what they do with them."""
+    term = build_model(["GRUCell(16, 16)"], (1, 16), values=False).term
+    a, b = (SharedEGraph(term, Budget(seconds=600), tree_plans).saturate(TARGET) for tree_plans in (True, False))
+    figures = [(g.stats.enodes, g.stats.eclasses, g.stats.iterations, g.stats.stop_reason, g.stats.matches_per_rule)
+               for g in (a, b)]
+    assert figures[0] == figures[1]
+    assert extract_greedy(a, a.roots["root"], TARGET.cost_model()).term == extract_greedy(b, b.roots["root"], TARGET.cost_model()).term
 
 
 def test_type_conflict_is_reported():
