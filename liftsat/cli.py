@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--ilp-time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
                    help=f"time limit of the ILP extractor (default {TIME_LIMIT:g} s); when it stops the search, the "
                         f"best program found and the optimality gap are reported")
-    o.add_argument("--max-nodes", type=int, default=Budget.nodes, help="e-node budget of saturation")
+    o.add_argument("--max-nodes", type=int, default=Budget.nodes,
+                   help="e-node budget of saturation (a step that passes twice it is undone)")
     o.add_argument("--max-iterations", type=int, default=Budget.iterations, help="iteration budget")
     o.add_argument("--max-seconds", type=float, default=Budget.seconds, help="time budget of saturation")
     out = o.add_mutually_exclusive_group()

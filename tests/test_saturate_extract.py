@@ -73,6 +73,37 @@ def test_budgets_stop_saturation(budget, reason):
     assert stats.stop_reason.startswith(reason)
 
 
+def test_a_step_past_the_node_limit_is_kept_unless_past_its_undo_factor():
+    """Linear(8, 8) grows 219 -> 309 e-nodes in its sixth step. With a limit of 300 that step is
+    kept (309 is within twice the limit); undone past once the limit, the e-graph is the one
+    five steps built (replayed from the snapshot at 174 e-nodes)."""
+    term = build_model(["Linear(8, 8)"], (1, 8), values=False).term
+    assert saturated(term, budget=Budget(nodes=300)).stats.stop_reason == "node limit (309 > 300)"
+    limited, five = saturated(term, budget=Budget(nodes=300, undo_past=1)), saturated(term, budget=Budget(iterations=5))
+    assert limited.stats.stop_reason == "node limit (the next step grew 219 e-nodes to 309 > 1 x 300; undone)"
+    assert not limited.stats.saturated
+    assert (limited.stats.enodes, limited.stats.eclasses, limited.stats.iterations) == (219, five.stats.eclasses, 5)
+    assert five.stats.enodes == 219
+    assert limited.stats.matches_per_rule == five.stats.matches_per_rule
+    model = TARGET.cost_model()
+    assert extract_greedy(limited, limited.roots["root"], model).term == extract_greedy(five, five.roots["root"], model).term
+
+
+def test_leaving_an_extension_restores_the_egraph_after_an_undone_step():
+    sat = Saturator(rules_for([TARGET]))
+    sat.add("root", build_model(["Linear(8, 8)"], (1, 8), values=False).term)
+    sat.run(Budget(iterations=2))
+    before = (sat.size(), sat.snapshots)
+    with sat.extended([]):
+        assert sat.run(Budget(nodes=300, undo_past=1)).stop_reason.endswith("undone)")
+        assert sat.snapshots > before[1] + 1
+    assert (sat.size(), sat.snapshots) == before
+    for _ in range(sat.snapshots):  # egglog's own stack holds exactly the snapshots counted
+        sat._run("(pop)")
+    with pytest.raises(EGraphError):
+        sat._run("(pop)")
+
+
 @pytest.mark.skipif(not PLANNER_SWITCH, reason="this egglog has one query planner (egglog 14 has two)")
 def test_saturation_without_tree_plans_reaches_the_same_egraph():
     """liftsat turns egglog 14's tree-decomposed query plans off for speed; the rules must match
