@@ -198,6 +198,13 @@ def new_egraph(tree_plans: bool = False) -> bindings.EGraph:
     return bindings.EGraph(no_decomp=not tree_plans) if PLANNER_SWITCH else bindings.EGraph()
 
 
+#: a saturation keeps its first snapshot once the e-graph has 1/16 of the node limit (3,125
+#: e-nodes by default): an egglog push took 10-25 ms at 8-11 k e-nodes, and one at every
+#: doubling from the first step made saturating layers of 5-8 k e-nodes 5-11% slower (egglog
+#: 14); every step in the suite that passed the node limit started from 13 k e-nodes or more
+SNAPSHOT_FROM = 16
+
+
 class Saturator:
     """Builds an e-graph from named terms and a rule list, and saturates it (`tree_plans`: with
     egglog 14's tree-decomposed query plans, see `new_egraph`)."""
@@ -261,17 +268,19 @@ class Saturator:
         """Saturate all levels together: analyses to a fixpoint, then one step of every rule,
         until nothing changes or a budget runs out (checked before every step). A step that
         takes the e-graph past `Budget.undo_past` times the node limit is undone. (egglog cannot
-        drop a snapshot, so one is kept as the run starts and whenever the e-graph has doubled
-        since the last; undoing goes back to the last and replays the steps since, which
-        rebuilds the same e-graph: saturation is deterministic.) `after`: an earlier saturation
-        of this e-graph with other rules: it has spent part of the time budget (the node and
-        iteration limits apply to each saturation), and the figures returned cover both."""
+        drop a snapshot, so one is kept once the e-graph has 1/`SNAPSHOT_FROM` of the node limit
+        and whenever it has doubled since the last; undoing goes back to the last and replays
+        the steps since, which rebuilds the same e-graph: saturation is deterministic. A step
+        taken before the first snapshot is kept whatever it grows to.) `after`: an earlier
+        saturation of this e-graph with other rules: it has spent part of the time budget (the
+        node and iteration limits apply to each saturation), and the figures returned cover
+        both."""
         start = time.perf_counter()
         spent_iterations, spent_seconds = (after.iterations, after.seconds) if after else (0, 0.0)
         matches: Counter[str] = Counter(after.matches_per_rule if after else {})
         iterations, saturated, reason = 0, False, ""
         self._run("(run-schedule (saturate (run analysis)))")
-        kept: int | None = None  # the e-graph's size at the last snapshot
+        kept = 0  # the e-graph's size at the last snapshot (0: none yet)
         since = 0  # steps since it
         while True:
             size = self.size()
@@ -284,13 +293,13 @@ class Saturator:
             if spent_seconds + time.perf_counter() - start > budget.seconds:
                 reason = f"time limit ({budget.seconds} s)"
                 break
-            if kept is None or size >= 2 * kept:
+            if size >= max(2 * kept, budget.nodes // SNAPSHOT_FROM):
                 self._run("(push)")
                 self.snapshots += 1
                 kept, since = size, 0
             report = self._step()
             grown = self.size()
-            if grown > budget.undo_past * budget.nodes:
+            if kept and grown > budget.undo_past * budget.nodes:
                 self._replay(since)
                 reason = (f"node limit (the next step grew {size} e-nodes to {grown} > {budget.undo_past:g} x "
                           f"{budget.nodes}; undone)")
