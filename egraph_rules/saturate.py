@@ -193,8 +193,8 @@ PLANNER_SWITCH = "no_decomp" in (bindings.EGraph.__text_signature__ or "")
 def new_egraph(tree_plans: bool = False) -> bindings.EGraph:
     """An empty egglog e-graph. egglog 14 plans each rule's query with a tree decomposition
     unless told not to; here that planning cost more than it saved on every layer measured, and
-    without it saturation reaches the same e-graph 1.8-5.4x sooner (`benchmarks/egglog_plans.py`),
-    so it is off unless `tree_plans`."""
+    without it saturation reaches the same e-graph 1.4-14x sooner (2.2x geometric mean over 40
+    layer x target pairs, `benchmarks/egglog_plans.py`), so it is off unless `tree_plans`."""
     return bindings.EGraph(no_decomp=not tree_plans) if PLANNER_SWITCH else bindings.EGraph()
 
 
@@ -214,9 +214,8 @@ class Saturator:
         #: the egglog commands added so far: a command several rules share (the analysis marks
         #: that their queries walk, `REDUCE_TAILS`) is added once, not run once per rule
         self.added: set[str] = set()
-        #: egglog push levels this saturator holds: one per rule extension, and the e-graph as
-        #: each run found it and whenever it had doubled since (to go back to before a step that
-        #: passed the node limit)
+        #: egglog push levels this saturator holds: one per rule extension, and the e-graphs its
+        #: runs kept to go back to before a step past the node limit (`run`)
         self.snapshots = 0
         self._run("\n".join([egglog_declarations(), analysis_program(), rulesets_program()]))
         self._add_rules(rules)

@@ -75,8 +75,8 @@ def test_budgets_stop_saturation(budget, reason):
 
 def test_a_step_past_the_node_limit_is_kept_unless_past_its_undo_factor():
     """Linear(8, 8) grows 219 -> 309 e-nodes in its sixth step. With a limit of 300 that step is
-    kept (309 is within twice the limit); undone past once the limit, the e-graph is the one
-    five steps built (replayed from the snapshot at 174 e-nodes)."""
+    kept (309 is within twice the limit). With `undo_past=1` it is undone, and the e-graph is
+    the one five steps built (replayed from the snapshot at 174 e-nodes)."""
     term = build_model(["Linear(8, 8)"], (1, 8), values=False).term
     assert saturated(term, budget=Budget(nodes=300)).stats.stop_reason == "node limit (309 > 300)"
     limited, five = saturated(term, budget=Budget(nodes=300, undo_past=1)), saturated(term, budget=Budget(iterations=5))
