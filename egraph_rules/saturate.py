@@ -242,8 +242,7 @@ class Saturator:
         as they were (egglog push/pop), so each target can grow its own programs from one shared
         e-graph without mixing in another target's."""
         depth = self.snapshots
-        self._run("(push)")
-        self.snapshots += 1
+        self._snapshot()
         added = set(self.added)
         try:
             self._add_rules(rules)
@@ -293,8 +292,7 @@ class Saturator:
                 reason = f"time limit ({budget.seconds} s)"
                 break
             if size >= max(2 * kept, budget.nodes // SNAPSHOT_FROM):
-                self._run("(push)")
-                self.snapshots += 1
+                self._snapshot()
                 kept, since = size, 0
             report = self._step()
             grown = self.size()
@@ -313,6 +311,11 @@ class Saturator:
                 break
         return SaturationStats(self.size(), None, spent_iterations + iterations, saturated, reason,
                                spent_seconds + time.perf_counter() - start, dict(matches))
+
+    def _snapshot(self) -> None:
+        """Push the e-graph and rule set on egglog's stack, counted in `snapshots`."""
+        self._run("(push)")
+        self.snapshots += 1
 
     def _step(self) -> bindings.RunReport:
         """One step of every rule, then the analyses to a fixpoint; egglog's report of the step."""

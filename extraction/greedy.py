@@ -256,8 +256,9 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
     e-classes improve only once; visited in node-id order, as before 2026-11-28, they improved
     again and again (a GRU(2816) step's 6 k e-nodes were visited 120 k times). A candidate
     priced before a child improved is dropped. An e-node whose term is no smaller than its
-    class's free one is not priced at all (on Snowflake's 1x1 training convolutions, 46 k of 47 k
-    e-classes are free re-layouts, of weights mostly, reached 110 k ways), and e-nodes are decoded
+    class's free one is not priced at all (on a Snowflake 1x1 training convolution's 140 k e-node
+    graph, from before saturation undid steps past twice the node limit, 46 k of 47 k e-classes
+    were free re-layouts, of weights mostly, reached 110 k ways), and e-nodes are decoded
     (`admission`) when first priced, so those whose children never get a cost never are."""
     best: dict[str, tuple[float, int, str, Any]] = {}
     ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
