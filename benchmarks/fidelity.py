@@ -4,7 +4,8 @@ Every layer of the DeepBench suites (GEMM, RNN over all its time steps, convolut
 AlexNet's convolutions and classifier (benchmarks/deepbench.py), and the per-target benchmark's
 layers (benchmarks/targets.py), on every built-in target, timing-only: the extracted program's
 predicted cycles beside its simulated cycles. It prints every row worst-first (ratio =
-predicted / simulated) and, per target, how many rows are within +-10%, the median and the worst
+predicted / simulated, with the unit the model has done last, when the simulator had it done, and
+the unit the simulator kept busiest: `Result.units_dict`) and, per target, how many rows are within +-10%, the median and the worst
 |error| and the longest greedy extraction (the issue's bound: 0.5 s per layer and target);
 layers a target has no program for are listed apart.
 
@@ -63,7 +64,7 @@ def measure(target: str, name: str, specs: list[str], shape: tuple[int, ...]) ->
         row["error"] = str(exc).splitlines()[0]
     else:
         row.update(predicted=r.predicted_cycles, simulated=r.cycles, ratio=r.predicted_cycles / r.cycles,
-                   extract_seconds=r.extract_seconds)
+                   extract_seconds=r.extract_seconds, units=r.units_dict())
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -73,12 +74,34 @@ def error(row: dict) -> float:
     return abs(row["ratio"] - 1)
 
 
+def longest(row: dict) -> str:
+    """The unit (or chain) the cost model has done last, and when the simulator had it done, e.g.
+    "mvu 736 (388 simulated)": where a misprediction starts looking ("-" for rows from before
+    units were recorded)."""
+    units = {u: x for u, x in row.get("units", {}).items() if "predicted" in x}
+    if not units:
+        return "-"
+    u = max(units, key=lambda k: units[k]["predicted"])
+    sim = units[u].get("simulated")
+    return f"{u} {units[u]['predicted']:.0f} ({'not simulated' if sim is None else f'{sim} simulated'})"
+
+
+def busiest(row: dict) -> str:
+    """The unit the simulator kept busy longest and its busy cycles ("-" as for `longest`)."""
+    units = {u: x["busy"] for u, x in row.get("units", {}).items() if "busy" in x}
+    if not units:
+        return "-"
+    u = max(units, key=units.__getitem__)
+    return f"{u} {units[u]}"
+
+
 def report(rows: list[dict], targets: list[str]) -> str:
     """The worst-first table, the per-target summary and the rows without a program."""
     done = sorted((r for r in rows if "ratio" in r), key=lambda r: (-error(r), r["target"], r["layer"]))
-    lines = ["| layer | target | predicted | simulated | ratio |", "|---|---|---|---|---|"]
-    lines += [f"| {r['layer']} | {r['target']} | {r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f} |"
-              for r in done]
+    lines = ["| layer | target | predicted | simulated | ratio | model's longest | simulator's busiest |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['layer']} | {r['target']} | {r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f} | "
+              f"{longest(r)} | {busiest(r)} |" for r in done]
     lines += ["", "| target | rows | within ±10% | median abs error | worst abs error | worst layer | "
               "max greedy extraction s |", "|---|---|---|---|---|---|---|"]
     for t in [*targets, "all"]:

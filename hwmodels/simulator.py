@@ -47,6 +47,8 @@ class SimResult:
     output: np.ndarray | None
     dynamic_instructions: int
     unit_busy: dict[str, int] = field(default_factory=dict)
+    #: when each unit's last instruction has its result (of the inference, not the setup)
+    unit_done: dict[str, int] = field(default_factory=dict)
 
 
 _READY, _LASTREAD = 0, 1          # the two scoreboard arrays, as a `kind` in the records below
@@ -66,7 +68,7 @@ class _Rec:
     `undo` the value each written entry had just before the write, in execution order.
     """
 
-    __slots__ = ("reads", "writes", "undo", "units", "minslack", "minstart", "maxdone")
+    __slots__ = ("reads", "writes", "undo", "units", "minslack", "minstart", "maxdone", "unitdone")
 
     def __init__(self) -> None:
         self.reads: dict[tuple, list[np.ndarray]] = {}
@@ -76,6 +78,7 @@ class _Rec:
         self.minslack = _INF      # min over instructions of (latest non-dispatch constraint - dispatch)
         self.minstart = _INF      # min over instructions of their start time
         self.maxdone = _NEG       # max over instructions of their done time
+        self.unitdone: dict[str, int] = {}   # the same per unit
 
     def read(self, space: str, kind: int, terms: tuple, blocks: np.ndarray) -> None:
         self.reads.setdefault((space, kind, terms), []).append(blocks)
@@ -97,6 +100,8 @@ class _Rec:
         self.minslack = min(self.minslack, other.minslack)
         self.minstart = min(self.minstart, other.minstart)
         self.maxdone = max(self.maxdone, other.maxdone)
+        for u, d in other.unitdone.items():
+            self.unitdone[u] = max(self.unitdone.get(u, _NEG), d)
 
 
 @dataclass
@@ -172,6 +177,7 @@ class _Machine:
         self.dispatch = 0
         self.unit_free: dict[str, int] = {}
         self.busy: dict[str, int] = {}
+        self.done: dict[str, int] = {}
         self.end = 0
         self.count = 0
         for s in self.ready:
@@ -246,9 +252,11 @@ class _Machine:
             rec.minslack = min(rec.minslack, later - self.dispatch)
             rec.minstart = min(rec.minstart, start)
             rec.maxdone = max(rec.maxdone, done)
+            rec.unitdone[ins.unit] = max(rec.unitdone.get(ins.unit, _NEG), done)
         self.dispatch += 1
         self.count += 1
         self.end = max(self.end, done)
+        self.done[ins.unit] = max(self.done.get(ins.unit, 0), done)
         if self.functional:
             self.compute(ins, dst_at, src_at)
 
@@ -589,6 +597,8 @@ class _Machine:
         self.count += m * rp
         if period.maxdone > _NEG:
             self.end = max(self.end, period.maxdone + m * delta)
+        for u, d in period.unitdone.items():
+            self.done[u] = max(self.done.get(u, 0), d + m * delta)
         self.skipped_iterations += m * P
         if skip is not None:
             for key, x in future.items():
@@ -596,6 +606,7 @@ class _Machine:
             skip.units = set(period.units)
             if period.maxdone > _NEG:
                 skip.maxdone = period.maxdone + m * delta
+            skip.unitdone = {u: d + m * delta for u, d in period.unitdone.items()}
             self._pass_on(history, parent)
             parent.absorb(skip)
 
@@ -625,4 +636,4 @@ def simulate(program: Program, block: int, env: Mapping[str, np.ndarray] | None 
             m.mem["dram"][program.output_addr :], shape=program.output_shape,
             strides=tuple(s * 4 for s in program.output_strides))
         out = np.array(view)
-    return SimResult(m.end, setup_cycles, out, m.count, dict(sorted(m.busy.items())))
+    return SimResult(m.end, setup_cycles, out, m.count, dict(sorted(m.busy.items())), dict(sorted(m.done.items())))

@@ -428,6 +428,11 @@ class CycleCost:
         mem = self.t.memories.get(space)
         return mem is None or nbytes(t) <= mem.capacity * self.t.pinned_room
 
+    def by_unit(self, c: Cost) -> dict[str, float]:
+        """The cycles `scalar` takes the largest of: when each unit is predicted to be done (the
+        DMA unit with its waits settled), and the chain of loads' recurrences and stores' drains."""
+        return {"dma": c[_DMA] + c[_DMA_WAIT], **{u: c[COMPONENTS.index(u)] for u in (*UNITS[1:], "chain")}}
+
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled), or the chain when longer;
         the loads outside every loop run once (the DMA's waits settled with one buffer, as

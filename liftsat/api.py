@@ -69,6 +69,13 @@ class Result:
     extract_seconds: float
     instructions: int
     dynamic_instructions: int
+    #: when the cost model has each unit done, and its chain (`predicted_units`): the largest is
+    #: predicted_cycles
+    predicted_units: dict[str, float]
+    #: when each unit's last instruction had its result in the simulator (the latest is cycles),
+    #: and how many cycles each unit was busy
+    unit_done: dict[str, int]
+    unit_busy: dict[str, int]
     ops: dict[str, int]
     weights: dict[str, str]
     term: Term
@@ -105,11 +112,23 @@ class Result:
             "extraction": self.extraction,
             "instructions": self.instructions,
             "dynamic_instructions": self.dynamic_instructions,
+            "units": self.units_dict(),
             "ops": self.ops,
             "weights": self.weights,
             **({"alternatives": [a.alternative_dict(self) for a in self.alternatives], "unbuildable": self.unbuildable}
                if self.alternatives or self.unbuildable else {}),
         }
+
+    def units_dict(self) -> dict[str, dict[str, float | int]]:
+        """Each unit (and the model's chain): when the cost model has it done, when it was done in
+        the simulator (the dispatcher: its last issue), and its busy cycles there; what is not
+        known is left out."""
+        done = {**self.unit_done, "issue": self.dynamic_instructions}  # the dispatcher issues one a cycle
+        out = {}
+        for u in [*self.predicted_units, *(u for u in done if u not in self.predicted_units)]:
+            row = {"predicted": self.predicted_units.get(u), "simulated": done.get(u), "busy": self.unit_busy.get(u)}
+            out[u] = {k: v for k, v in row.items() if v is not None}
+        return out
 
     def alternative_dict(self, best: Result) -> dict:
         """This program as an alternative to the best one: its cycles, and how its op histogram
@@ -193,8 +212,14 @@ def compile_term(term: Term, target: Target, budget: Budget | None = None) -> tu
 def predicted_cycles(term: Term, target: Target) -> float:
     """The cost model's cycles for a program as code generation compiles it: a sub-term applied
     twice to the same value is compiled, and paid for, once."""
+    return max(predicted_units(term, target).values())
+
+
+def predicted_units(term: Term, target: Target) -> dict[str, float]:
+    """`predicted_cycles` unit by unit: when the cost model has each unit done, and its chain of
+    loads' recurrences and stores' drains (the largest is the prediction)."""
     model = target.cost_model()
-    return model.scalar(dag_cost(term, model))
+    return model.by_unit(dag_cost(term, model))
 
 
 def run_checked(program: Program, model: Model, target: Target,
@@ -221,10 +246,12 @@ def _measure(model: Model, target: Target, best: Extracted, stats: SaturationSta
     program = generate(best.term, target)
     timing, out, abs_err, rel_err = run_checked(program, model, target, functional)
     roof = roofline_cycles(model, target)
+    units = predicted_units(best.term, target)
     return Result(
         target=target.name, layers=[str(s) for s in model.layers], input_shape=model.input_shape,
         output_shape=model.output_shape, cycles=timing.cycles, setup_cycles=timing.setup_cycles,
-        predicted_cycles=predicted_cycles(best.term, target), roofline_cycles=roof, efficiency=roof / timing.cycles,
+        predicted_cycles=max(units.values()), roofline_cycles=roof, efficiency=roof / timing.cycles,
+        predicted_units=units, unit_done=timing.unit_done, unit_busy=timing.unit_busy,
         max_abs_error=abs_err, max_rel_error=rel_err, egraph=stats,
         extract_seconds=extract_seconds, instructions=program.static_count(),
         dynamic_instructions=program.dynamic_count(), ops=program.histogram(),

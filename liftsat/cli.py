@@ -120,8 +120,26 @@ def _summary(r) -> str:
         f"{e.seconds:.2f} s (serialized and indexed in {e.serialize_seconds:.2f} s); "
         f"extraction {r.extract_seconds:.2f} s{_ilp(r.extraction)}",
         f"  program       {r.instructions} instructions, {r.dynamic_instructions} executed: {ops}",
+        _units(r),
         *_alternatives(r),
     ])
+
+
+def _units(r) -> str:
+    """Each unit done when, predicted / simulated (its busy cycles), and the model's chain; the
+    longest of each side marked, so a misprediction shows which unit the model got wrong."""
+    rows = r.units_dict()
+
+    def cell(u: str, side: str) -> str:
+        v = rows[u].get(side)
+        if v is None:
+            return "-"
+        longest = v == max(x[side] for x in rows.values() if side in x)
+        return f"{v:.0f}{'*' if longest else ''}"
+
+    parts = [f"{u} {cell(u, 'predicted')}/{cell(u, 'simulated')}" + (f" ({rows[u]['busy']} busy)" if "busy" in rows[u] else "")
+             for u in rows]
+    return f"  units         done at, predicted/simulated: {', '.join(parts)}"
 
 
 def _comparison(c: Comparison) -> str:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from liftsat.cli import main
+from liftsat.targets import get_target
 
 SMALL = ["optimize", "Linear(64, 32)", "ReLU()", "--input", "1x64", "--native-dim", "32"]
 
@@ -71,7 +72,7 @@ def test_summary_says_when_a_budget_stopped_saturation(capsys):
 def test_json_keys(json_run):
     expected = {"target", "layers", "input_shape", "output_shape", "cycles", "predicted_cycles", "roofline_cycles",
                 "efficiency", "max_abs_error", "max_rel_error", "egraph", "extract_seconds", "instructions",
-                "dynamic_instructions", "ops"}
+                "dynamic_instructions", "units", "ops"}
     assert expected <= set(json_run)
     assert {"setup_cycles", "weights"} <= set(json_run)  # documented in the README
     assert set(json_run["egraph"]) == {"enodes", "eclasses", "iterations", "saturated", "stop_reason", "seconds",
@@ -88,6 +89,25 @@ def test_json_values(json_run):
     assert json_run["dynamic_instructions"] == sum(json_run["ops"].values())
     assert isinstance(json_run["egraph"]["saturated"], bool)
     assert json_run["weights"] == {"W0": "pinned", "b0": "pinned"}
+
+
+def test_json_units_say_where_the_cycles_go(json_run):
+    # the model's units and chain, the longest being its prediction; the simulator's units,
+    # the last done at the simulated cycles, and its dispatcher, one instruction a cycle
+    units = json_run["units"]
+    assert set(units) == {"dma", "mvu", "mfu", "issue", "chain"}
+    assert max(u["predicted"] for u in units.values()) == json_run["predicted_cycles"]
+    assert max(u.get("simulated", 0) for u in units.values()) == json_run["cycles"]
+    assert units["issue"]["simulated"] == json_run["dynamic_instructions"]
+    assert "simulated" not in units["chain"] and "busy" not in units["chain"]
+    assert units["mvu"]["busy"] == json_run["ops"]["mv_mul"] * get_target("brainwave", 32).op_by_name["bw.mv_mul"].occupancy
+    assert all(u["busy"] <= u["simulated"] for u in units.values() if "busy" in u)
+
+
+def test_summary_shows_units(capsys):
+    code, out, _ = cli(SMALL, capsys)
+    line = next(x for x in out.splitlines() if x.lstrip().startswith("units"))
+    assert "mvu " in line and "busy" in line and "chain " in line and "*" in line
 
 
 def test_json_in_process_matches(capsys, json_run):

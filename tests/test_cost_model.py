@@ -3,6 +3,8 @@ layers on every built-in target, its latency terms from target data, and determi
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from egraph_rules.ir import ta, tensor_type, tp, ts
@@ -57,6 +59,18 @@ def test_lone_activation_is_predicted_exactly(target: str) -> None:
     # loads, activations and stores of a row overlap those of the next; the dispatcher never waits
     r = optimize(["ReLU()"], (4, 1024), target, functional=False)
     assert r.predicted_cycles == r.cycles
+
+
+@pytest.mark.parametrize("target", sorted(BUILTIN))
+def test_units_are_what_the_prediction_is_the_longest_of(target: str) -> None:
+    rng = random.Random(target)
+    cm = get_target(target).cost_model()
+    for _ in range(50):
+        c = tuple(rng.choice([0.0, rng.uniform(0, 1e6)]) for _ in COMPONENTS)
+        units = cm.by_unit(c)
+        assert set(units) == {"dma", "mvu", "mfu", "issue", "chain"}
+        assert max(units.values()) == cm.scalar(c)
+        assert units["dma"] == c[COMPONENTS.index("dma")] + c[COMPONENTS.index("dma_wait")]
 
 
 def test_activation_after_a_convolution_reads_its_result_on_chip() -> None:

@@ -126,6 +126,7 @@ def test_cycles_follow_the_timing_model():
     relu_done = load_done + relu.latency
     assert run.cycles == relu_done + dma_occ + TARGET.dram.latency
     assert run.unit_busy == {"dma": 2 * dma_occ, "mfu": relu.occupancy}
+    assert run.unit_done == {"dma": run.cycles, "mfu": relu_done}
 
 
 def test_more_work_takes_more_cycles():

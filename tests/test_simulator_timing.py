@@ -1,6 +1,6 @@
 """Timing-only simulation proves loops periodic and skips whole periods (hwmodels/simulator.py);
 it must give exactly what executing every iteration gives: cycles, setup cycles, dynamic
-instructions, unit activity, and the final scoreboard (ready and last-read time of every block).
+instructions, unit activity (busy cycles, when each unit's last result is ready), and the final scoreboard (ready and last-read time of every block).
 
 Programs: hand-built ones (nested loops, loop-carried chains, producer/consumer loops, strides
 that are not whole blocks, negative strides, operands whose strides conflict, a unit that runs
@@ -58,13 +58,13 @@ def timing_run(cls, program: Program, g: int):
 
 def _state(m: simulator._Machine):
     return {"end": m.end, "count": m.count, "dispatch": m.dispatch, "busy": dict(m.busy),
-            "unit_free": dict(m.unit_free),
+            "done": dict(m.done), "unit_free": dict(m.unit_free),
             "ready": {s: a.copy() for s, a in m.ready.items()},
             "lastread": {s: a.copy() for s, a in m.lastread.items()}}
 
 
 def _assert_same_state(a: dict, b: dict) -> None:
-    for k in ("end", "count", "dispatch", "busy", "unit_free"):
+    for k in ("end", "count", "dispatch", "busy", "done", "unit_free"):
         assert a[k] == b[k], k
     for k in ("ready", "lastread"):
         for space in a[k]:
@@ -91,6 +91,8 @@ def check_exact(program: Program, g: int, env: dict | None = None) -> int:
     assert tim.setup_cycles == fun.setup_cycles
     assert tim.dynamic_instructions == fun.dynamic_instructions == program.dynamic_count()
     assert tim.unit_busy == fun.unit_busy
+    assert tim.unit_done == fun.unit_done
+    assert max(tim.unit_done.values(), default=0) == tim.cycles
     fast_setup, fast = timing_run(simulator._Machine, program, g)
     walk_setup, walk = timing_run(Walker, program, g)
     _assert_same_state(fast_setup, walk_setup)
