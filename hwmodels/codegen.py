@@ -259,7 +259,7 @@ class Codegen:
     def __init__(self, target: Target, bounded: bool = True, per_iteration: bool = True):
         """bounded: every buffer gets memory of its own, and the running total must fit; when
         not, only each buffer alone must fit (buffers then share memory by lifetime).
-        per_iteration: see `per_iteration_buffer`."""
+        per_iteration: see `per_iteration_buffer` and `fission`."""
         self.t = target
         self.bounded = bounded
         self.per_iteration = per_iteration
@@ -280,7 +280,8 @@ class Codegen:
         self.shared: dict[tuple[Term, object], object] = {}
         #: the counter and trip count of each Map loop being compiled, innermost last
         self.iterations: list[tuple[Affine, int]] = []
-        #: whether some buffer was given one per iteration (`per_iteration_buffer`)
+        #: whether some buffer was given one per iteration (`per_iteration_buffer`), or a Map
+        #: compiled stage by stage (`fission`)
         self.spread = False
 
     # ------------------------------------------------------------ memory
@@ -616,25 +617,50 @@ class Codegen:
                 if inverse is None:
                     raise CodegenError(f"a Map whose body ends in {view.op} cannot write into a given destination")
                 dest = _view(inverse, dest, 1)
-        if dest is None:
-            space = self.result_space(core, v.space if isinstance(v, Buf) else None)
-            if space is None:
-                raise CodegenError(f"cannot tell where the results of Map({core.op}) live")
-            dest = self.allocate(space, (n, *shape_of(fout(core))))
-        out = dest
+        out = self.fission(core, n, v, dest)
+        if out is None:
+            if dest is None:
+                space = self.result_space(core, v.space if isinstance(v, Buf) else None)
+                if space is None:
+                    raise CodegenError(f"cannot tell where the results of Map({core.op}) live")
+                dest = self.allocate(space, (n, *shape_of(fout(core))))
+            out = dest
 
-        def one(i: Affine) -> None:
-            self.iterations.append((i, n))
-            try:
-                got = self.apply(core, _index(v, i), _index(out, i))
-            finally:
-                self.iterations.pop()
-            if got != _index(out, i):
-                raise CodegenError(f"Map body {core.op} does not produce its result in place")
+            def one(i: Affine) -> None:
+                self.iterations.append((i, n))
+                try:
+                    got = self.apply(core, _index(v, i), _index(out, i))
+                finally:
+                    self.iterations.pop()
+                if got != _index(out, i):
+                    raise CodegenError(f"Map body {core.op} does not produce its result in place")
 
-        self.loop(n, one)
+            self.loop(n, one)
         for view in reversed(views):
             out = _view(view, out, 1)
+        return out
+
+    def fission(self, core: Term, n: int, v: object, dest: Buf | None) -> object | None:
+        """A Map whose body is a chain of device ops, one of which reads the result of the one
+        before it on the same unit, compiled stage by stage: a loop per op, its results for
+        every iteration in a buffer (where per-iteration buffers are on and fit). A unit runs its
+        instructions in order, so in one loop each iteration's second op would hold the unit
+        for the first op's latency (VTA's ALU: 46 cycles past its occupancy); stage by stage,
+        the ops of the other iterations fill that wait. None: not such a Map, or it does not fit."""
+        stages = _stages(core)
+        if not (self.per_iteration and n > 1 and len(stages) > 1
+                and all(s.op == "Dev" and s.args[0] in self.ops for s in stages)):
+            return None
+        specs = [self.ops[s.args[0]] for s in stages]
+        if not any(a.unit == b.unit and b.latency > b.occupancy for a, b in zip(specs, specs[1:])):
+            return None
+        saved = self.snapshot()
+        try:
+            out = self.apply(comp(*(T("Map", s, n) for s in stages)), v, dest)
+        except CapacityError:
+            self.restore(saved)
+            return None
+        self.spread = True
         return out
 
     @contextmanager
@@ -963,7 +989,9 @@ def generate(term: Term, target: Target) -> Program:
     innermost Folds, else none), placed in order of first use; where none of those fits, the
     same plans placed largest first. Loads that stream, and values each iteration stores, get a
     buffer per iteration of their Map where it fits (`Codegen.load_buffer`,
-    `Codegen.stored_buffer`); a program that then fits no plan is compiled again without."""
+    `Codegen.stored_buffer`), and a Map of dependent ops on one unit is compiled stage by stage
+    where its intermediate results fit (`Codegen.fission`); a program that then fits no plan is
+    compiled again without."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:

@@ -35,10 +35,6 @@ KNOWN_MISSES = {
     ("MatMul(256, 128)", "brainwave"): "the 16 rows' input vectors are loaded before the loop (2.7x faster than "
     "loading each row in it); each row's two products are written to the same two vectors, so the next row's "
     "products wait for this row's add to read them, which the model does not charge (608 predicted, 752 simulated)",
-    ("Conv2d(16, 32, 1)", "vta"): "with the bias a per-block constant (const-ignores-input), map-fusion puts each "
-    "block's bias add and ReLU in one loop body: the ReLU waits for the add's 48-cycle ALU latency every "
-    "iteration on VTA's in-order unit, which the model does not charge, and it prices the fused and unfused "
-    "loops alike (2,614 predicted; 3,212 simulated, 2,775 unfused)",
 }
 
 

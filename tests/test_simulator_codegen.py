@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
-from hwmodels.codegen import CodegenError, generate
+from hwmodels.codegen import CodegenError, _laid_out, generate
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
 from hwmodels.simulator import SimulationError, simulate
 from liftsat.targets import get_target
@@ -447,3 +447,40 @@ def test_a_value_each_iteration_stores_gets_a_buffer_per_iteration_where_they_fi
     run, timing = both(program, {"x": x})
     np.testing.assert_array_equal(run.output.reshape(-1), np.maximum(x, 0))
     assert run.cycles == timing.cycles
+
+
+def relu_of_sums_program(rows: int) -> Term:
+    """(X, Y) -> ReLU(X + Y) row by row: a Map whose body is v_relu after vv_add, both on the
+    vector unit, which runs its instructions in order."""
+    both_rows = tp(M(rows, N), M(rows, N))
+    operands = T("Fork", comp(T("ToChip", VRF, M(rows, N)), T("Fst", both_rows)),
+                 comp(T("ToChip", VRF, M(rows, N)), T("Snd", both_rows)))
+    f = comp(T("ToOutput", M(rows, N)), T("Map", comp(dev("v_relu"), dev("vv_add")), rows), T("Zip", both_rows), operands)
+    return T("App", f, T("Pair", T("Var", "X", M(rows, N)), T("Var", "Y", M(rows, N))))
+
+
+@pytest.mark.parametrize("room,stage_by_stage", [(24, True), (20, False)])
+def test_a_map_of_dependent_ops_on_one_unit_is_compiled_stage_by_stage_where_it_fits(room, stage_by_stage):
+    """In one loop, each row's v_relu would hold the in-order vector unit for its vv_add's
+    latency; compiled stage by stage (a loop of adds into a buffer of every row's sum, then a
+    loop of ReLUs) the other rows' adds fill that wait, and the program is faster than the one
+    loop the compile without per-iteration buffers gives. Where the sums' buffer does not fit
+    (20 vectors: X, Y, the output and one sum), the one loop. Same output either way."""
+    rows = 6
+    target = _with_memory(VRF, room * N * 4)
+    program = generate(relu_of_sums_program(rows), target)
+    loops = [item for item in program.body if isinstance(item, Loop)]
+    ops = [[ins.mnemonic for ins in loop.body if isinstance(ins, Instr)] for loop in loops]
+    assert (["vv_add"] in ops and ["v_relu"] in ops) == stage_by_stage
+    assert (["vv_add", "v_relu"] in ops) != stage_by_stage
+    rng = np.random.default_rng(8)
+    x, y = (rng.standard_normal((rows, N)).astype(np.float32) for _ in range(2))
+    run, timing = both(program, {"X": x, "Y": y})
+    np.testing.assert_array_equal(run.output.reshape(rows, N), np.maximum(x + y, 0))
+    assert run.cycles == timing.cycles
+    one_loop = simulate(_laid_out(relu_of_sums_program(rows), target, per_iteration=False), N, None, functional=False)
+    add = TARGET.op_by_name["bw.vv_add"]
+    if stage_by_stage:
+        assert one_loop.cycles - run.cycles >= (rows - 1) * (add.latency - add.occupancy)   # a wait per row but one
+    else:
+        assert run.cycles == one_loop.cycles
