@@ -4,10 +4,11 @@ Every layer of the DeepBench suites (GEMM, RNN over all its time steps, convolut
 AlexNet's convolutions and classifier (benchmarks/deepbench.py), and the per-target benchmark's
 layers (benchmarks/targets.py), on every built-in target, timing-only: the extracted program's
 predicted cycles beside its simulated cycles. It prints every row worst-first (ratio =
-predicted / simulated, with the unit the model has done last, when the simulator had it done, and
-the unit the simulator kept busiest: `Result.units_dict`) and, per target, how many rows are within +-10%, the median and the worst
-|error| and the longest greedy extraction (the issue's bound: 0.5 s per layer and target);
-layers a target has no program for are listed apart.
+predicted / simulated, with the unit the model has done last, when the simulator had it done,
+and the unit the simulator kept busiest: `Result.units_dict`) and, per target, how many rows
+are within +-10%, the median and the worst |error| and the longest greedy extraction (the
+issue's bound: 0.5 s per layer and target); layers a target has no program for are listed
+apart.
 
 Why: extraction chooses programs by the prediction, so a prediction that drifts from what the
 machine does picks the wrong programs; the simulator is the ground truth.

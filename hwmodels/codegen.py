@@ -646,7 +646,8 @@ class Codegen:
         every iteration in a buffer (where per-iteration buffers are on and fit). A unit runs its
         instructions in order, so in one loop each iteration's second op would hold the unit
         for the first op's latency (VTA's ALU: 46 cycles past its occupancy); stage by stage,
-        the ops of the other iterations fill that wait. None: not such a Map, or it does not fit."""
+        the ops of the other iterations fill that wait. None: not such a Map, or it does not
+        compile stage by stage (its buffers do not fit)."""
         stages = _stages(core)
         if not (self.per_iteration and n > 1 and len(stages) > 1
                 and all(s.op == "Dev" and s.args[0] in self.ops for s in stages)):
@@ -657,7 +658,7 @@ class Codegen:
         saved = self.snapshot()
         try:
             out = self.apply(comp(*(T("Map", s, n) for s in stages)), v, dest)
-        except CapacityError:
+        except CodegenError:  # the buffers do not fit (or the stages do not compile apart): one loop
             self.restore(saved)
             return None
         self.spread = True
