@@ -68,7 +68,7 @@ class _Rec:
     `undo` the value each written entry had just before the write, in execution order.
     """
 
-    __slots__ = ("reads", "writes", "undo", "units", "minslack", "minstart", "maxdone", "unitdone")
+    __slots__ = ("reads", "writes", "undo", "units", "minslack", "minstart", "unitdone")
 
     def __init__(self) -> None:
         self.reads: dict[tuple, list[np.ndarray]] = {}
@@ -77,8 +77,12 @@ class _Rec:
         self.units: set[str] = set()
         self.minslack = _INF      # min over instructions of (latest non-dispatch constraint - dispatch)
         self.minstart = _INF      # min over instructions of their start time
-        self.maxdone = _NEG       # max over instructions of their done time
-        self.unitdone: dict[str, int] = {}   # the same per unit
+        self.unitdone: dict[str, int] = {}   # per unit, max over its instructions of their done time
+
+    @property
+    def maxdone(self) -> int:
+        """Max over instructions of their done time (_NEG: none yet)."""
+        return max(self.unitdone.values(), default=_NEG)
 
     def read(self, space: str, kind: int, terms: tuple, blocks: np.ndarray) -> None:
         self.reads.setdefault((space, kind, terms), []).append(blocks)
@@ -99,7 +103,6 @@ class _Rec:
         self.units |= other.units
         self.minslack = min(self.minslack, other.minslack)
         self.minstart = min(self.minstart, other.minstart)
-        self.maxdone = max(self.maxdone, other.maxdone)
         for u, d in other.unitdone.items():
             self.unitdone[u] = max(self.unitdone.get(u, _NEG), d)
 
@@ -173,12 +176,16 @@ class _Machine:
         self.skipped_iterations = 0        # how many iterations the fast path did not walk
         self.reset_time()
 
+    @property
+    def end(self) -> int:
+        """When the last result so far is ready: the latest of the units' (`done`)."""
+        return max(self.done.values(), default=0)
+
     def reset_time(self) -> None:
         self.dispatch = 0
         self.unit_free: dict[str, int] = {}
         self.busy: dict[str, int] = {}
-        self.done: dict[str, int] = {}
-        self.end = 0
+        self.done: dict[str, int] = {}   # per unit, when its last result is ready
         self.count = 0
         for s in self.ready:
             self.ready[s][:] = 0
@@ -251,11 +258,9 @@ class _Machine:
             rec.units.add(ins.unit)
             rec.minslack = min(rec.minslack, later - self.dispatch)
             rec.minstart = min(rec.minstart, start)
-            rec.maxdone = max(rec.maxdone, done)
             rec.unitdone[ins.unit] = max(rec.unitdone.get(ins.unit, _NEG), done)
         self.dispatch += 1
         self.count += 1
-        self.end = max(self.end, done)
         self.done[ins.unit] = max(self.done.get(ins.unit, 0), done)
         if self.functional:
             self.compute(ins, dst_at, src_at)
@@ -595,8 +600,6 @@ class _Machine:
             self.unit_free[u] += m * delta
         self.dispatch += m * rp
         self.count += m * rp
-        if period.maxdone > _NEG:
-            self.end = max(self.end, period.maxdone + m * delta)
         for u, d in period.unitdone.items():
             self.done[u] = max(self.done.get(u, 0), d + m * delta)
         self.skipped_iterations += m * P
@@ -604,8 +607,6 @@ class _Machine:
             for key, x in future.items():
                 skip.read(*key, x)
             skip.units = set(period.units)
-            if period.maxdone > _NEG:
-                skip.maxdone = period.maxdone + m * delta
             skip.unitdone = {u: d + m * delta for u, d in period.unitdone.items()}
             self._pass_on(history, parent)
             parent.absorb(skip)

@@ -129,13 +129,11 @@ def _units(r) -> str:
     """Each unit done when, predicted / simulated (its busy cycles), and the model's chain; the
     longest of each side marked, so a misprediction shows which unit the model got wrong."""
     rows = r.units_dict()
+    top = {side: max(x[side] for x in rows.values() if side in x) for side in ("predicted", "simulated")}
 
     def cell(u: str, side: str) -> str:
         v = rows[u].get(side)
-        if v is None:
-            return "-"
-        longest = v == max(x[side] for x in rows.values() if side in x)
-        return f"{v:.0f}{'*' if longest else ''}"
+        return "-" if v is None else f"{v:.0f}{'*' if v == top[side] else ''}"
 
     parts = [f"{u} {cell(u, 'predicted')}/{cell(u, 'simulated')}" + (f" ({rows[u]['busy']} busy)" if "busy" in rows[u] else "")
              for u in rows]
