@@ -307,12 +307,15 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
             rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, padded), a,
                     [f"(= 0 (% o {N}))", f"({'!=' if padded else '='} 0 (% k {N}))", "(> n 1)",
-                     f"(<= (* n (+ o k)) {resident})", f"(> (* k o) {pinnable})"])
+                     f"(<= (* n (+ o k)) {resident})"])
             for padded in (False, True)),
-             f"as mmmul-weight-stationary/{N}; the k columns padded with zeros to whole tiles",
+             f"output columns o divisible by {N}, more than one row, the n x k rows and the n x o result fit on "
+             f"chip together ({resident} elements); the k columns padded with zeros to whole tiles; weights of "
+             f"any size (pinned ones too: the sum's steps each add n rows, which hides the adds' latency)",
              f"A . B = for each block j of {N} output columns, the sum over the {N} x {N} tiles (j, t) of: for "
              f"each row a of A, MVMul(tile, a's slice t): each tile is moved to the matrix unit once for all rows "
-             f"(the systolic array's weight-stationary loop: preload a tile, stream every row through it)",
+             f"(the systolic array's weight-stationary loop: preload a tile, stream every row through it), and "
+             f"each step of the sum is n independent adds",
              ex_ws_tiles),
         Rule(f"mvmul-split-rows/{N}", a, (rewrite(
             f"(MVMul {tpm})",

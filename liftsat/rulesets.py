@@ -49,7 +49,7 @@ def memory_guards(target: Target) -> MemoryGuards:
 def target_band_rules(target: Target) -> list[Rule]:
     """The DSL band rules with the target's guards."""
     g = memory_guards(target)
-    return band_rules(g.banded, g.pinnable)
+    return band_rules(g.banded)
 
 
 def target_tiling_rules(target: Target) -> list[Rule]:

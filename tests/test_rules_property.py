@@ -30,7 +30,7 @@ from liftsat.targets import get_target
 NATIVE = 4
 TARGET = get_target("brainwave", NATIVE)
 #: the rules liftsat.api.rules_for gives, with capacity guards small enough for tiny examples
-RULES = dsl_rules() + band_rules(resident=64, pinnable=1) + algorithmic_rules((NATIVE,), resident=64, pinnable=1) + hardware_rules(
+RULES = dsl_rules() + band_rules(resident=64) + algorithmic_rules((NATIVE,), resident=64, pinnable=1) + hardware_rules(
     TARGET.device_ops(), NATIVE) + staging_rules({"mesh": "stage"}, NATIVE)
 RULES_BY_NAME = {r.name: r for r in RULES}
 MEANINGS = {op.name: op.meaning for op in TARGET.device_ops()}
