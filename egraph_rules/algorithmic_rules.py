@@ -300,7 +300,8 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
             a, [f"(= 0 (% o {N}))", "(> n 1)", f"(<= (* n (+ o k)) {resident})", f"(> (* k o) {pinnable})"]),),
              f"output columns o divisible by {N}, more than one row, the n x k rows and the n x o result "
              f"fit on chip together ({resident} elements) and the k x o weights do not ({pinnable} "
-             f"elements; pinned weights need no reuse)",
+             f"elements; pinned weights need no reuse, and hide their adds' latency in "
+             f"mmmul-weight-stationary-tiles/{N})",
              f"A . B = for each block of {N} output columns (a weight block), for each row a of A: "
              f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
              f"once for all rows", ex_ws),

@@ -619,25 +619,31 @@ class Codegen:
                 dest = _view(inverse, dest, 1)
         out = self.fission(core, n, v, dest)
         if out is None:
-            if dest is None:
-                space = self.result_space(core, v.space if isinstance(v, Buf) else None)
-                if space is None:
-                    raise CodegenError(f"cannot tell where the results of Map({core.op}) live")
-                dest = self.allocate(space, (n, *shape_of(fout(core))))
-            out = dest
-
-            def one(i: Affine) -> None:
-                self.iterations.append((i, n))
-                try:
-                    got = self.apply(core, _index(v, i), _index(out, i))
-                finally:
-                    self.iterations.pop()
-                if got != _index(out, i):
-                    raise CodegenError(f"Map body {core.op} does not produce its result in place")
-
-            self.loop(n, one)
+            out = self.one_loop(core, n, v, dest)
         for view in reversed(views):
             out = _view(view, out, 1)
+        return out
+
+    def one_loop(self, core: Term, n: int, v: object, dest: Buf | None) -> Buf:
+        """A Map's core as one loop, every iteration writing its result in place in dest (a
+        fresh buffer where none is given)."""
+        if dest is None:
+            space = self.result_space(core, v.space if isinstance(v, Buf) else None)
+            if space is None:
+                raise CodegenError(f"cannot tell where the results of Map({core.op}) live")
+            dest = self.allocate(space, (n, *shape_of(fout(core))))
+        out = dest
+
+        def one(i: Affine) -> None:
+            self.iterations.append((i, n))
+            try:
+                got = self.apply(core, _index(v, i), _index(out, i))
+            finally:
+                self.iterations.pop()
+            if got != _index(out, i):
+                raise CodegenError(f"Map body {core.op} does not produce its result in place")
+
+        self.loop(n, one)
         return out
 
     def fission(self, core: Term, n: int, v: object, dest: Buf | None) -> object | None:
