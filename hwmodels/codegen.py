@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.memory_plan import Buffer, PlanError, innermost, share_memory
+from hwmodels.store_deferral import defer_stores
 from hwmodels.target import OpSpec, Target, whole_units
 
 
@@ -998,15 +999,17 @@ def generate(term: Term, target: Target) -> Program:
     buffer per iteration of their Map where it fits (`Codegen.load_buffer`,
     `Codegen.stored_buffer`), and a Map of dependent ops on one unit is compiled stage by stage
     where its intermediate results fit (`Codegen.fission`); a program that then fits no plan is
-    compiled again without."""
+    compiled again without. Finally each loop's stores wait, where no data flows between them,
+    behind the next iteration's loads rather than ahead of them (`defer_stores`)."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
     try:
-        return _laid_out(term, target, per_iteration=True)
+        program = _laid_out(term, target, per_iteration=True)
     except CapacityError as exc:
         if not exc.per_iteration:
             raise
-    return _laid_out(term, target, per_iteration=False)
+        program = _laid_out(term, target, per_iteration=False)
+    return replace(program, body=defer_stores(program.body))
 
 
 def _laid_out(term: Term, target: Target, per_iteration: bool) -> Program:

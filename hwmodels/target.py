@@ -205,18 +205,29 @@ class CycleCost:
         if op in ("ToOutput", "ToDram"):
             if nbytes(args[0]) > self.t.result_capacity:
                 return NEVER  # a stored value was computed on chip, so it must fit where results go
-            busy, units = self.t.transfer_cycles(args[0], self.t.native_dim)
-            # its reader waits for the whole store (and so does the DMA unit that does it); the
-            # dispatcher, which runs ahead of other waits, issues the stores and, after the last
-            # run only, waits for them to drain (it dispatches a loop's next iteration at once)
-            drain = busy + self.t.dram.latency
-            c = list(_exposed(_unit_cost("dma", 0, max(busy, units) + self.t.dram.latency), drain))
-            c[_DRAIN] = c[_ISSUE] - units
-            return tuple(c)
+            return self.store(args[0])
         if op == "Dev":
             spec = self.ops.get(args[0])
             return NEVER if spec is None else _unit_cost(spec.unit, spec.occupancy, 1)
         return NEVER
+
+    def store(self, t: Term) -> Cost:
+        """Moving a value of type t from chip to DRAM. Its reader waits for the whole store (and
+        so does the DMA unit that does it); the dispatcher, which runs ahead of other waits,
+        issues the stores and, after the last run only, waits for them to drain (it dispatches a
+        loop's next iteration at once). In a loop's later runs, a stored array of rows is
+        written while the next run loads and computes (codegen queues each run's stores behind
+        the next run's loads, `defer_stores`): the op units wait only for the row the next run's
+        first result overwrites (the `cold` component: the rest of the drain is paid once)."""
+        busy, units = self.t.transfer_cycles(t, self.t.native_dim)
+        latency = self.t.dram.latency
+        drain = busy + latency
+        c = list(_exposed(_unit_cost("dma", 0, max(busy, units) + latency), drain))
+        c[_DRAIN] = c[_ISSUE] - units
+        if t.op == "TA" and t.args[0].op == "TA":
+            row, _ = self.t.transfer_cycles(t.args[0], self.t.native_dim)
+            c[_COLD] = max(0.0, drain - (row + latency))
+        return tuple(c)
 
     def reduce_chain(self, t: Term) -> Cost:
         """What a reduction over an array of type t waits for: every step reads the previous

@@ -187,7 +187,8 @@ def test_store_drains_before_its_reader() -> None:
 def test_the_dispatcher_waits_for_the_last_run_of_a_store_only() -> None:
     # the dispatcher issues a loop's next iteration without waiting for this one's stores to
     # drain (the simulator dispatches one instruction a cycle, whatever the units wait for);
-    # the units still wait every run, as the next iteration's loads queue behind the stores
+    # the units still wait every run: the next iteration's result overwrites the stored vector
+    # once the store has read it
     cm = get_target("snowflake").cost_model()
     v = ta(F32, 48)                                    # three native vectors
     busy, units = cm.t.transfer_cycles(v, cm.t.native_dim)
@@ -198,6 +199,23 @@ def test_the_dispatcher_waits_for_the_last_run_of_a_store_only() -> None:
     assert looped[issue] == 100 * units + (busy + lat - units)
     assert looped[mvu] == 100 * store[mvu] == 100 * (busy + lat)
     assert cm.node("Map", (None, 10), [looped])[issue] == 1000 * units + (busy + lat - units)
+
+
+def test_a_stored_band_overlaps_the_next_run_of_its_loop() -> None:
+    # codegen queues a run's stores behind the next run's loads (defer_stores), so in later runs
+    # the op units wait only for the row the next run overwrites first; the DMA still stores it all
+    cm = get_target("snowflake").cost_model()
+    band, row = ta(ta(F32, 32), 10), ta(F32, 32)
+    busy, _ = cm.t.transfer_cycles(band, cm.t.native_dim)
+    row_busy, _ = cm.t.transfer_cycles(row, cm.t.native_dim)
+    lat = cm.t.dram.latency
+    store = cm.local("ToOutput", (band,))
+    looped = cm.node("Map", (None, 100), [store])
+    dma, mvu = COMPONENTS.index("dma"), COMPONENTS.index("mvu")
+    assert store[mvu] == busy + lat
+    assert looped[mvu] == (busy + lat) + 99 * (row_busy + lat)
+    assert looped[dma] == 100 * (busy + lat)
+    assert cm.node("Map", (None, 100), [cm.local("ToOutput", (row,))])[mvu] == 100 * (row_busy + lat)
 
 
 def test_reduction_chain_waits_for_the_operator_latency() -> None:

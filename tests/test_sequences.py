@@ -119,15 +119,6 @@ def test_the_state_is_double_buffered():
     assert r.max_rel_error < 1e-4
 
 
-def _walk(block):
-    for ins in block:
-        if isinstance(ins, Loop):
-            yield ins
-            yield from _walk(ins.body)
-        else:
-            yield ins
-
-
 @pytest.mark.parametrize("layer, shape, target, store", [
     ("RNN(16, 16)", (5, 32, 16), VECMAT, "sta"),      # a 2 KiB state, a 4 KiB activation buffer
     ("LSTM(32, 32)", (5, 300, 32), "systolic", "mvout"),  # (h, c) of 300 rows: 75 KiB, a 64 KiB accumulator
@@ -138,8 +129,8 @@ def test_a_state_too_large_for_the_chip_is_kept_in_dram(layer, shape, target, st
     last step's store is the result (for an LSTM, h and c stacked), which matches the reference."""
     r = optimize([layer], shape, target)
     assert "ToDram" in {t.op for t in r.term.walk()}
-    time_loop = next(ins for ins in r.program.body if isinstance(ins, Loop) and ins.count == 2)  # 2 steps a trip
-    assert sum(isinstance(i, Instr) and i.mnemonic == store for i in _walk(time_loop.body)) >= 2
+    steps, batch = shape[0], shape[1]
+    assert r.program.histogram()[store] >= steps * batch     # every step stores every row's state
     assert r.output.shape == r.reference.shape and r.max_rel_error < 1e-4
 
 

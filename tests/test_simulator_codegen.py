@@ -441,7 +441,8 @@ def test_a_value_each_iteration_stores_gets_a_buffer_per_iteration_where_they_fi
     body = comp(T("ToOutput", V(N)), dev("v_relu"), T("ToChip", VRF, V(N)))
     term = T("App", comp(T("Map", body, rows), T("Split", N, V(rows * N))), T("Var", "x", V(rows * N)))
     program = generate(term, _with_memory(VRF, room * N * 4))
-    relu = next(ins for ins in program.body[0].body if ins.mnemonic == "v_relu")
+    loop = next(item for item in program.body if isinstance(item, Loop))
+    relu = next(ins for ins in loop.body if ins.mnemonic == "v_relu")
     assert bool(relu.dst.addr.terms) == per_iteration
     x = np.random.default_rng(7).standard_normal(rows * N).astype(np.float32)
     run, timing = both(program, {"x": x})

@@ -1,0 +1,166 @@
+"""Deferring a loop's stores past the next iteration's loads, where no data flows between them.
+
+A loop whose body loads, computes, then stores its results (a band of a convolution, a row of a
+streamed GEMM) queues each iteration's stores on the in-order DMA unit ahead of the next
+iteration's loads; the stores wait for the body's last results, so the next loads, and the
+compute they feed, wait too. Peeling the first iteration and rotating the body,
+
+    P(0) C(0); for j < n-1: [P(j+1) S(j) C(j+1)]; S(n-1)
+
+(S the body's trailing stores; P the longest leading part of the body that neither writes what
+S reads nor reads or writes what S writes, for every j, checked on address intervals, so that
+the program computes the same values; C the rest) lets the next iteration's loads, and the
+compute that needs nothing S reads, run while this iteration's last results are finished. The
+only instructions that change order are S(j) and P(j+1); it is done where P loads something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from itertools import count
+
+from hwmodels.isa import Affine, Block, Instr, Loop, Operand
+
+
+def defer_stores(block: Block) -> Block:
+    """The block with every loop (innermost first) rotated as above where it is legal."""
+    return _deferred(block, {}, count(max(_loop_vars(block), default=-1) + 1))
+
+
+def _deferred(block: Block, outer: dict[int, int], fresh: Iterator[int]) -> Block:
+    """`defer_stores` within loops of these trip counts; peeled copies take counters from `fresh`."""
+    out: Block = []
+    for item in block:
+        if isinstance(item, Loop):
+            inner = {**outer, item.var: item.count}
+            out += _rotated(Loop(item.var, item.count, _deferred(item.body, inner, fresh)), outer, fresh)
+        else:
+            out.append(item)
+    return out
+
+
+def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
+    body = loop.body
+    trail = _run_length(reversed(body), "store")
+    if loop.count < 2 or not trail or trail == len(body):
+        return [loop]
+    stores = body[len(body) - trail:]
+    lead = 0
+    while lead < len(body) - trail and _independent(loop, [body[lead]], stores, outer):
+        lead += 1
+    loads, rest = body[:lead], body[lead:len(body) - trail]
+    if not any(ins.kind == "load" for item in loads for ins in _instrs(item)):
+        return [loop]
+    v, n = loop.var, loop.count
+
+    def peeled(items: Block, j: int) -> Block:
+        return _copy(items, v, j, fresh)
+
+    if n == 2:
+        middle = peeled(loads, 1) + peeled(stores, 0) + peeled(rest, 1)
+    else:
+        middle = [Loop(v, n - 1, _copy(loads, v, 1) + stores + _copy(rest, v, 1))]
+    return [*peeled(loads + rest, 0), *middle, *peeled(stores, n - 1)]
+
+
+def _run_length(items, kind: str) -> int:
+    """How many items from the start hold only instructions of this kind."""
+    n = 0
+    for item in items:
+        if not all(ins.kind == kind for ins in _instrs(item)):
+            break
+        n += 1
+    return n
+
+
+def _instrs(item: Instr | Loop) -> Iterator[Instr]:
+    if isinstance(item, Loop):
+        for inner in item.body:
+            yield from _instrs(inner)
+    else:
+        yield item
+
+
+def _loop_vars(block: Block) -> Iterator[int]:
+    for item in block:
+        if isinstance(item, Loop):
+            yield item.var
+            yield from _loop_vars(item.body)
+
+
+def _copy(items: Block, var: int, k: int, fresh: Iterator[int] | None = None) -> Block:
+    """The items with loop counter `var` replaced by var + k, or, given `fresh`, by k, their
+    loops then counting with counters from `fresh` (a copy beside its original must not share
+    its counters: the simulator tells loops apart by them)."""
+    rename: dict[int, int] = {}
+
+    def addr(a: Affine) -> Affine:
+        base, terms = a.base, []
+        for v, c in a.terms:
+            if v == var:
+                base += c * k
+                if fresh is not None:
+                    continue
+            terms.append((rename.get(v, v), c))
+        return Affine(base, tuple(sorted(terms)))
+
+    def operand(o: Operand) -> Operand:
+        return replace(o, addr=addr(o.addr))
+
+    def item(i: Instr | Loop) -> Instr | Loop:
+        if isinstance(i, Loop):
+            if fresh is not None:
+                rename[i.var] = next(fresh)
+            return Loop(rename.get(i.var, i.var), i.count, [item(x) for x in i.body])
+        return replace(i, dst=operand(i.dst), srcs=tuple(operand(s) for s in i.srcs))
+
+    return [item(i) for i in items]
+
+
+def _footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, bool, int, int, Affine]]:
+    """(memory, written, lowest address, end address, the address's terms in outer counters) of
+    every operand: the span covers the item's own loops; the outer terms are left symbolic."""
+    for item in items:
+        if isinstance(item, Loop):
+            yield from _footprints(item.body, {**counts, item.var: item.count})
+            continue
+        for written, o in ((True, item.dst), *((False, s) for s in item.srcs)):
+            own = Affine(0, tuple(t for t in o.addr.terms if t[0] in counts))
+            lo, end = _spread(o.addr.base, o.addr.base + (o.rows - 1) * o.stride + o.cols, own, counts)
+            yield o.space, written, lo, end, Affine(0, tuple(t for t in o.addr.terms if t[0] not in counts))
+
+
+def _independent(loop: Loop, loads: Block, stores: Block, outer: dict[int, int]) -> bool:
+    """Whether, for every j, `loads` (any instructions) of iteration j+1 neither write what the
+    stores of iteration j read nor touch what they write. When outer loops move the two differently,
+    their whole spans over every iteration must be apart."""
+    v = loop.var
+    for space, s_writes, s_lo, s_end, s_terms in _footprints(stores, {}):
+        for space2, l_writes, l_lo, l_end, l_terms in _footprints(loads, {}):
+            if space != space2 or not (s_writes or l_writes):
+                continue
+            s_outer, l_outer = dict(s_terms.terms), dict(l_terms.terms)
+            s_j, l_j = s_outer.pop(v, 0), l_outer.pop(v, 0)
+            if s_outer != l_outer:
+                everywhere = {**outer, v: loop.count}
+                (a, a_end), (b, b_end) = (_spread(lo, end, t, everywhere)
+                                          for lo, end, t in ((s_lo, s_end, s_terms), (l_lo, l_end, l_terms)))
+                if a < b_end and b < a_end:
+                    return False
+                continue
+            # iteration j's store span against iteration j+1's load span; a constant gap when
+            # both move alike, so one j decides
+            for j in range(1 if s_j == l_j else loop.count - 1):
+                a, b = s_lo + s_j * j, l_lo + l_j * (j + 1)
+                if a < b + (l_end - l_lo) and b < a + (s_end - s_lo):
+                    return False
+    return True
+
+
+def _spread(lo: int, end: int, terms: Affine, counts: dict[int, int]) -> tuple[int, int]:
+    """The span [lo, end) widened by every value of the counters in `terms`."""
+    for var, c in terms.terms:
+        span = c * (counts[var] - 1)
+        lo, end = lo + min(0, span), end + max(0, span)
+    return lo, end
