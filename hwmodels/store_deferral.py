@@ -41,6 +41,7 @@ def _deferred(block: Block, outer: dict[int, int], fresh: Iterator[int]) -> Bloc
 
 
 def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
+    """The loop peeled and rotated (P, C and S of the module's docstring), or left as it is."""
     body = loop.body
     trail = _run_length(reversed(body), "store")
     if loop.count < 2 or not trail or trail == len(body):
@@ -49,8 +50,8 @@ def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
     lead = 0
     while lead < len(body) - trail and _independent(loop, [body[lead]], stores, outer):
         lead += 1
-    loads, rest = body[:lead], body[lead:len(body) - trail]
-    if not any(ins.kind == "load" for item in loads for ins in _instrs(item)):
+    head, rest = body[:lead], body[lead:len(body) - trail]
+    if not any(ins.kind == "load" for item in head for ins in _instrs(item)):
         return [loop]
     v, n = loop.var, loop.count
 
@@ -58,10 +59,10 @@ def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
         return _copy(items, v, j, fresh)
 
     if n == 2:
-        middle = peeled(loads, 1) + peeled(stores, 0) + peeled(rest, 1)
+        middle = peeled(head, 1) + peeled(stores, 0) + peeled(rest, 1)
     else:
-        middle = [Loop(v, n - 1, _copy(loads, v, 1) + stores + _copy(rest, v, 1))]
-    return [*peeled(loads + rest, 0), *middle, *peeled(stores, n - 1)]
+        middle = [Loop(v, n - 1, _copy(head, v, 1) + stores + _copy(rest, v, 1))]
+    return [*peeled(head + rest, 0), *middle, *peeled(stores, n - 1)]
 
 
 def _run_length(items, kind: str) -> int:
@@ -131,13 +132,13 @@ def _footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, boo
             yield o.space, written, lo, end, Affine(0, tuple(t for t in o.addr.terms if t[0] not in counts))
 
 
-def _independent(loop: Loop, loads: Block, stores: Block, outer: dict[int, int]) -> bool:
-    """Whether, for every j, `loads` (any instructions) of iteration j+1 neither write what the
-    stores of iteration j read nor touch what they write. When outer loops move the two differently,
-    their whole spans over every iteration must be apart."""
+def _independent(loop: Loop, head: Block, stores: Block, outer: dict[int, int]) -> bool:
+    """Whether, for every j, the instructions `head` of iteration j+1 neither write what the
+    stores of iteration j read nor touch what they write. When outer loops move the two
+    differently, their whole spans over every iteration must be apart."""
     v = loop.var
     for space, s_writes, s_lo, s_end, s_terms in _footprints(stores, {}):
-        for space2, l_writes, l_lo, l_end, l_terms in _footprints(loads, {}):
+        for space2, l_writes, l_lo, l_end, l_terms in _footprints(head, {}):
             if space != space2 or not (s_writes or l_writes):
                 continue
             s_outer, l_outer = dict(s_terms.terms), dict(l_terms.terms)
