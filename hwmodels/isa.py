@@ -3,7 +3,8 @@ enclosing loop counters, loops kept as loops, and a listing in the target's synt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,19 @@ class Program:
         hist: dict[str, int] = {}
         _hist(self.body, 1, hist)
         return dict(sorted(hist.items()))
+
+
+def map_operands(block: Block, operand: Callable[[Operand], Operand],
+                 counter: Callable[[int], int] = lambda v: v) -> Block:
+    """The block with every operand through `operand` and every loop's counter through
+    `counter` (called on a loop before its body's operands)."""
+    def item(i: Instr | Loop) -> Instr | Loop:
+        if isinstance(i, Loop):
+            var = counter(i.var)
+            return Loop(var, i.count, [item(x) for x in i.body])
+        return replace(i, dst=operand(i.dst), srcs=tuple(operand(s) for s in i.srcs))
+
+    return [item(i) for i in block]
 
 
 def _list(block: Block, depth: int) -> list[str]:

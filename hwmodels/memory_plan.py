@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
-from hwmodels.isa import Affine, Block, Instr, Loop, Operand, Program
+from hwmodels.isa import Affine, Block, Loop, Operand, Program, map_operands
 
 
 @dataclass(frozen=True)
@@ -177,12 +177,9 @@ def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) 
         region = keys[_holder(keys, op.space, op.addr.base)]
         return replace(op, addr=Affine(op.addr.base + shift[region], op.addr.terms))
 
-    def block(b: Block) -> Block:
-        return [Loop(i.var, i.count, block(i.body)) if isinstance(i, Loop)
-                else replace(i, dst=move(i.dst), srcs=tuple(move(s) for s in i.srcs)) for i in b]
-
     sizes = {**program.memory_sizes, **{s: max(n, 1) for s, n in needs.items()}}
-    return replace(program, setup=block(program.setup), body=block(program.body), memory_sizes=sizes)
+    return replace(program, setup=map_operands(program.setup, move), body=map_operands(program.body, move),
+                   memory_sizes=sizes)
 
 
 def share_memory(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | None = None,

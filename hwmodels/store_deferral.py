@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from itertools import count
 
-from hwmodels.isa import Affine, Block, Instr, Loop, Operand
+from hwmodels.isa import Affine, Block, Instr, Loop, map_operands
 
 
 def defer_stores(block: Block) -> Block:
@@ -48,7 +48,8 @@ def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
         return [loop]
     stores = body[len(body) - trail:]
     lead = 0
-    while lead < len(body) - trail and _independent(loop, [body[lead]], stores, outer):
+    spans = list(_footprints(stores, {}))
+    while lead < len(body) - trail and _independent(loop, [body[lead]], spans, outer):
         lead += 1
     head, rest = body[:lead], body[lead:len(body) - trail]
     if not any(ins.kind == "load" for item in head for ins in _instrs(item)):
@@ -106,17 +107,12 @@ def _copy(items: Block, var: int, k: int, fresh: Iterator[int] | None = None) ->
             terms.append((rename.get(v, v), c))
         return Affine(base, tuple(sorted(terms)))
 
-    def operand(o: Operand) -> Operand:
-        return replace(o, addr=addr(o.addr))
+    def counter(v: int) -> int:
+        if fresh is not None:
+            rename[v] = next(fresh)
+        return rename.get(v, v)
 
-    def item(i: Instr | Loop) -> Instr | Loop:
-        if isinstance(i, Loop):
-            if fresh is not None:
-                rename[i.var] = next(fresh)
-            return Loop(rename.get(i.var, i.var), i.count, [item(x) for x in i.body])
-        return replace(i, dst=operand(i.dst), srcs=tuple(operand(s) for s in i.srcs))
-
-    return [item(i) for i in items]
+    return map_operands(items, lambda o: replace(o, addr=addr(o.addr)), counter)
 
 
 def _footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, bool, int, int, Affine]]:
@@ -132,12 +128,12 @@ def _footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, boo
             yield o.space, written, lo, end, Affine(0, tuple(t for t in o.addr.terms if t[0] not in counts))
 
 
-def _independent(loop: Loop, head: Block, stores: Block, outer: dict[int, int]) -> bool:
+def _independent(loop: Loop, head: Block, stores: list, outer: dict[int, int]) -> bool:
     """Whether, for every j, the instructions `head` of iteration j+1 neither write what the
-    stores of iteration j read nor touch what they write. When outer loops move the two
+    stores of iteration j read nor touch what they write (`stores`: their `_footprints`). When outer loops move the two
     differently, their whole spans over every iteration must be apart."""
     v = loop.var
-    for space, s_writes, s_lo, s_end, s_terms in _footprints(stores, {}):
+    for space, s_writes, s_lo, s_end, s_terms in stores:
         for space2, l_writes, l_lo, l_end, l_terms in _footprints(head, {}):
             if space != space2 or not (s_writes or l_writes):
                 continue
