@@ -257,13 +257,16 @@ def _host_layout(f: Term) -> bool:
 class Codegen:
     """Compiles one term for one target."""
 
-    def __init__(self, target: Target, bounded: bool = True, per_iteration: bool = True):
+    def __init__(self, target: Target, bounded: bool = True, per_iteration: bool = True,
+                 stored_per_iteration: bool = True):
         """bounded: every buffer gets memory of its own, and the running total must fit; when
         not, only each buffer alone must fit (buffers then share memory by lifetime).
-        per_iteration: see `per_iteration_buffer` and `fission`."""
+        per_iteration: see `per_iteration_buffer` and `fission`; stored_per_iteration: whether
+        values each iteration stores get them too (`stored_buffer`)."""
         self.t = target
         self.bounded = bounded
         self.per_iteration = per_iteration
+        self.stored_per_iteration = stored_per_iteration
         self.buffers: list[Buffer] = []
         self.n = target.native_dim
         self.ops: dict[str, OpSpec] = target.op_by_name
@@ -349,7 +352,7 @@ class Codegen:
         per iteration where they fit (`per_iteration_buffer`), so that the next iteration does not
         wait for the store to read it, which waits behind every transfer queued on the DMA before
         it (loads hoisted out of the loop); None: f's own buffer."""
-        if _is_view(f) or fout(f).op != "TA":
+        if not self.stored_per_iteration or _is_view(f) or fout(f).op != "TA":
             return None
         space = self.result_space(f, v.space if isinstance(v, Buf) else None)
         if space is None or space == "dram":
@@ -1000,46 +1003,88 @@ def generate(term: Term, target: Target) -> Program:
     `Codegen.stored_buffer`), and a Map of dependent ops on one unit is compiled stage by stage
     where its intermediate results fit (`Codegen.fission`); a program that then fits no plan is
     compiled again without. Finally each loop's stores wait, where no data flows between them,
-    behind the next iteration's loads rather than ahead of them (`defer_stores`)."""
+    behind the next iteration's loads rather than ahead of them (`defer_stores`), so what a
+    loop's stores read is first kept apart from the loop's other buffers (`memory_plan.lifetimes`,
+    stored_live): with every buffer per iteration, then without those of stored values, then
+    (the plans before this was kept apart) shared with them, then without buffers per iteration
+    kept apart, then shared (`_ATTEMPTS`)."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
-    try:
-        program = _laid_out(term, target, per_iteration=True)
-    except CapacityError as exc:
-        if not exc.per_iteration:
-            raise
-        program = _laid_out(term, target, per_iteration=False)
-    return replace(program, body=defer_stores(program.body))
+    compiled: dict[tuple[bool, bool], Program | _Unplaced] = {}
+    overflow: CapacityError | None = None
+    for spread, stored_live in _ATTEMPTS:
+        if spread not in compiled:
+            compiled[spread] = _compiled(term, target, *spread)
+        full = compiled[True, True]
+        if spread != (True, True) and isinstance(full, _Unplaced) and not full.overflow.per_iteration:
+            continue  # the program with buffers per iteration had none: the same program
+        try:
+            program = _placed(compiled[spread], target, stored_live)
+        except CapacityError as exc:
+            overflow = exc
+            continue
+        return replace(program, body=defer_stores(program.body))
+    raise overflow
 
 
-def _laid_out(term: Term, target: Target, per_iteration: bool) -> Program:
-    """The program compiled with buffers of their own, else sharing memory by lifetime (see
-    `generate`); per_iteration: see `Codegen.per_iteration_buffer`."""
-    first = Codegen(target, per_iteration=per_iteration)
+#: the plans `generate` tries in turn: (buffers per iteration for loads and Maps compiled stage
+#: by stage, for stored values too), and whether what a loop's stores read is kept apart
+_ATTEMPTS = (((True, True), True), ((True, False), True), ((True, True), False), ((False, False), True),
+             ((False, False), False))
+
+
+@dataclass
+class _Unplaced:
+    """A program too large for its buffers to have memory of their own: the program compiled for
+    sharing memory (None: it does not compile that way), its codegen, and the overflow."""
+
+    program: Program | None
+    cg: Codegen
+    overflow: CapacityError
+
+
+def _compiled(term: Term, target: Target, per_iteration: bool, stored_per_iteration: bool) -> Program | _Unplaced:
+    """The program compiled with buffers of their own, or, when they do not fit, compiled for
+    sharing memory by lifetime (see `generate`; per_iteration, stored_per_iteration: see
+    `Codegen`)."""
+    first = Codegen(target, per_iteration=per_iteration, stored_per_iteration=stored_per_iteration)
     try:
         return _generate(term, first)
     except CapacityError as exc:
         overflow = exc
-    cg = Codegen(target, bounded=False, per_iteration=per_iteration)
+    cg = Codegen(target, bounded=False, per_iteration=per_iteration, stored_per_iteration=stored_per_iteration)
     try:
         laid_out = _generate(term, cg)
-        inner = innermost(laid_out, cg.double)
-        tries: list[dict[Buffer, int]] = []
-        for spans in (cg.double, inner, {}):  # distinct plans, placed one at a time until one fits
+    except (CodegenError, PlanError):
+        laid_out = None
+    overflow.per_iteration = first.spread or cg.spread
+    return _Unplaced(laid_out, cg, overflow)
+
+
+def _placed(compiled: Program | _Unplaced, target: Target, stored_live: bool) -> Program:
+    """A compiled program, its buffers sharing memory if they must (see `generate`; stored_live:
+    see `memory_plan.lifetimes`); CapacityError when no plan fits."""
+    if isinstance(compiled, Program):
+        return compiled
+    laid_out, cg = compiled.program, compiled.cg
+    if laid_out is None:
+        raise compiled.overflow
+    tries: list[dict[Buffer, int]] = []
+    try:
+        for spans in (cg.double, innermost(laid_out, cg.double), {}):  # distinct plans, one at a time until one fits
             if spans not in tries:
                 tries.append(spans)
         for largest_first in (False, True):
             for spans in tries:
-                program = share_memory(laid_out, cg.buffers, spans, largest_first)
+                program = share_memory(laid_out, cg.buffers, spans, largest_first, stored_live)
                 need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
                 if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
                     return program
-    except (CodegenError, PlanError):
-        overflow.per_iteration = first.spread or cg.spread
-        raise overflow from None
+    except PlanError:
+        raise compiled.overflow from None
     space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)
     raise CapacityError(f"{space} overflow: the program needs {need[space]} bytes with buffers sharing memory by "
-                        f"lifetime, capacity {target.memories[space].capacity}", first.spread or cg.spread)
+                        f"lifetime, capacity {target.memories[space].capacity}", compiled.overflow.per_iteration)
 
 
 def _generate(term: Term, cg: Codegen) -> Program:

@@ -32,32 +32,36 @@ class _Lifetime:
     first: int
     last: int
     loops: set[int]
+    across: set[int]
 
 
-def lifetimes(program: Program, buffers: list[Buffer],
-              spans: dict[Buffer, int] | None = None) -> dict[Buffer, tuple[int, int]]:
+def lifetimes(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | None = None,
+              stored_live: bool = False) -> dict[Buffer, tuple[int, int]]:
     """The live range, in instruction positions (setup first, then the body), of each region
     the program accesses: a buffer, or adjacent buffers one operand reaches across (a whole
     vector written into a shorter row at a buffer's end) and that so move together. A region
     used inside a loop and outside it is live over the whole loop; one the setup writes (a
     pinned constant) is live over the whole program; one with a buffer in `spans` is live over
-    the whole loop of the variable it maps to (a Fold's double buffers)."""
+    the whole loop of the variable it maps to (a Fold's double buffers); with `stored_live`, one a
+    store in a loop reads is live over the whole outermost loop around that store (codegen moves
+    a loop's trailing stores behind the next iteration's leading part, at every level of a nest,
+    `defer_stores`, which must then not overwrite what they read)."""
     order = sorted(buffers, key=lambda b: (b.space, b.start))
     keys = [(b.space, b.start) for b in order]
     spaces = {b.space for b in order}
-    accesses: list[tuple[int, int, int, tuple[int, ...]]] = []
+    accesses: list[tuple[int, int, int, tuple[int, ...], int | None]] = []
     loops: dict[int, tuple[int, int]] = {}
     by_var: dict[int, int] = {}
     pos = 0
 
-    def visit(op: Operand, stack: tuple[tuple[int, int, int], ...]) -> None:
+    def visit(op: Operand, stack: tuple[tuple[int, int, int], ...], across: int | None) -> None:
         if op.space not in spaces:
             return
         lo, hi = _extent(op, {var: count for _, var, count in stack})
         i, j = _holder(keys, op.space, lo), _holder(keys, op.space, hi - 1)
         if i < 0 or order[i].space != op.space or hi > order[j].end:
             raise PlanError(f"{op} is outside the buffers codegen laid out in {op.space}")
-        accesses.append((i, j, pos, tuple(lid for lid, _, _ in stack)))
+        accesses.append((i, j, pos, tuple(lid for lid, _, _ in stack), across))
 
     def walk(block: Block, stack: tuple[tuple[int, int, int], ...]) -> None:
         nonlocal pos
@@ -69,15 +73,17 @@ def lifetimes(program: Program, buffers: list[Buffer],
                 walk(item.body, (*stack, (lid, item.var, item.count)))
                 loops[lid] = (begin, max(begin, pos - 1))
             else:
-                for op in (item.dst, *item.srcs):
-                    visit(op, stack)
+                stored = stored_live and item.kind == "store" and bool(stack)
+                visit(item.dst, stack, None)
+                for op in item.srcs:
+                    visit(op, stack, stack[0][0] if stored else None)
                 pos += 1
 
     walk(program.setup, ())
     setup_end = pos
     walk(program.body, ())
     group = list(range(len(order)))          # each buffer's first buffer of its region
-    for lo, hi, _, _ in sorted(accesses):
+    for lo, hi, *_ in sorted(accesses):
         for k in range(lo + 1, hi + 1):
             group[k] = group[lo]
     regions: dict[int, Buffer] = {}
@@ -85,16 +91,18 @@ def lifetimes(program: Program, buffers: list[Buffer],
         head = order[group[k]]
         regions[group[k]] = Buffer(b.space, head.start, b.end - head.start)
     seen: dict[int, _Lifetime] = {}
-    for lo, _, at, stack in accesses:
-        life = seen.setdefault(group[lo], _Lifetime(at, at, set()))
+    for lo, _, at, stack, across in accesses:
+        life = seen.setdefault(group[lo], _Lifetime(at, at, set(), set()))
         life.first, life.last = min(life.first, at), max(life.last, at)
         life.loops.update(stack)
+        if across is not None:
+            life.across.add(across)
     out = {}
     spanned = {group[k]: by_var[spans[b]] for k, b in enumerate(order) if spans and b in spans and spans[b] in by_var}
     for g, life in seen.items():
         first, last = (0, pos - 1) if life.first < setup_end else (life.first, life.last)
-        if g in spanned:
-            first, last = min(first, loops[spanned[g]][0]), max(last, loops[spanned[g]][1])
+        for lid in life.across | ({spanned[g]} if g in spanned else set()):
+            first, last = min(first, loops[lid][0]), max(last, loops[lid][1])
         changed = True
         while changed:
             changed = False
@@ -139,13 +147,13 @@ def _extent(op: Operand, counts: dict[int, int]) -> tuple[int, int]:
 
 
 def place(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | None = None,
-          largest_first: bool = False) -> tuple[dict[Buffer, int], dict[str, int]]:
+          largest_first: bool = False, stored_live: bool = False) -> tuple[dict[Buffer, int], dict[str, int]]:
     """A new start for every region the program accesses such that regions live at the same time
     do not overlap (first fit, in order of first use, or of size from the largest: small regions
     placed among large ones in order of use can leave gaps no large one fits, as in a GRU(2816)
     step on systolic, 16,896 elements placed in order of use, 14,080, its live peak, largest
-    first), and the memory each space then needs."""
-    live = lifetimes(program, buffers, spans)
+    first), and the memory each space then needs (`spans`, `stored_live`: see `lifetimes`)."""
+    live = lifetimes(program, buffers, spans, stored_live)
     placed: dict[str, list[tuple[int, int, int, int]]] = {}
     where: dict[Buffer, int] = {}
     needs: dict[str, int] = {b.space: 0 for b in buffers}
@@ -183,7 +191,7 @@ def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) 
 
 
 def share_memory(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | None = None,
-                 largest_first: bool = False) -> Program:
-    """The program with regions whose lifetimes do not overlap sharing memory (`spans`: see
-    `lifetimes`; `largest_first`: see `place`)."""
-    return relocate(program, *place(program, buffers, spans, largest_first))
+                 largest_first: bool = False, stored_live: bool = False) -> Program:
+    """The program with regions whose lifetimes do not overlap sharing memory (`spans`,
+    `stored_live`: see `lifetimes`; `largest_first`: see `place`)."""
+    return relocate(program, *place(program, buffers, spans, largest_first, stored_live))

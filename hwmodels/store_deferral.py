@@ -12,6 +12,8 @@ S reads nor reads or writes what S writes, for every j, checked on address inter
 the program computes the same values; C the rest) lets the next iteration's loads, and the
 compute that needs nothing S reads, run while this iteration's last results are finished. The
 only instructions that change order are S(j) and P(j+1); it is done where P loads something.
+Where P ends in a loop and S is a loop of as many iterations (a band's pixels, the band
+before's rows), the two become one loop taking turns, so the stores fill the DMA unit's waits.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from itertools import count
 
-from hwmodels.isa import Affine, Block, Instr, Loop, map_operands
+from hwmodels.isa import Affine, Block, Instr, Loop, Operand, map_operands
 
 
 def defer_stores(block: Block) -> Block:
@@ -60,10 +62,32 @@ def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
         return _copy(items, v, j, fresh)
 
     if n == 2:
-        middle = peeled(head, 1) + peeled(stores, 0) + peeled(rest, 1)
+        middle = _interleaved(peeled(head, 1), peeled(stores, 0), rest) + peeled(rest, 1)
     else:
-        middle = [Loop(v, n - 1, _copy(head, v, 1) + stores + _copy(rest, v, 1))]
+        middle = [Loop(v, n - 1, _interleaved(_copy(head, v, 1), stores, rest) + _copy(rest, v, 1))]
     return [*peeled(head + rest, 0), *middle, *peeled(stores, n - 1)]
+
+
+def _interleaved(head: Block, stores: Block, rest: Block) -> Block:
+    """head then stores, where no data flows between them in either order (`_independent`);
+    when the head is the whole body but the stores (`rest` empty: the stores' data come from the
+    head of the iteration before, long issued), ends in a loop, and the stores are one loop of
+    as many iterations, one loop doing an iteration of each in turn (a band's pixels beside the
+    rows of the band before): the stores then fill the DMA unit's waits between the head's
+    loads instead of holding up the loads of the iteration after. (Behind a rest that computes
+    the stored values, a store would hold the next loads on the in-order DMA unit until the rest
+    is done: VTA's AlexNet conv1 vendor template, 848,292 -> 926,151 cycles.)"""
+    if not (head and not rest and len(stores) == 1 and isinstance(head[-1], Loop) and isinstance(stores[0], Loop)
+            and head[-1].count == stores[0].count):
+        return head + stores
+    last, store = head[-1], stores[0]
+
+    def renamed(o: Operand) -> Operand:
+        terms = dict(o.addr.terms)
+        coeff = terms.pop(store.var, 0)
+        return replace(o, addr=Affine(o.addr.base, tuple(sorted(terms.items()))) + Affine(0, ((last.var, coeff),)))
+
+    return [*head[:-1], Loop(last.var, last.count, last.body + map_operands(store.body, renamed))]
 
 
 def _run_length(items, kind: str) -> int:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
-from hwmodels.codegen import CodegenError, _laid_out, generate
+from hwmodels.codegen import CodegenError, _compiled, _placed, generate
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
 from hwmodels.simulator import SimulationError, simulate
 from liftsat.targets import get_target
@@ -479,7 +479,8 @@ def test_a_map_of_dependent_ops_on_one_unit_is_compiled_stage_by_stage_where_it_
     run, timing = both(program, {"X": x, "Y": y})
     np.testing.assert_array_equal(run.output.reshape(rows, N), np.maximum(x + y, 0))
     assert run.cycles == timing.cycles
-    one_loop = simulate(_laid_out(relu_of_sums_program(rows), target, per_iteration=False), N, None, functional=False)
+    unspread = _placed(_compiled(relu_of_sums_program(rows), target, False, False), target, stored_live=True)
+    one_loop = simulate(unspread, N, None, functional=False)
     add = TARGET.op_by_name["bw.vv_add"]
     if stage_by_stage:
         assert one_loop.cycles - run.cycles >= (rows - 1) * (add.latency - add.occupancy)   # a wait per row but one
