@@ -287,6 +287,8 @@ class Codegen:
         #: whether some buffer was given one per iteration (`per_iteration_buffer`), or a Map
         #: compiled stage by stage (`fission`)
         self.spread = False
+        #: whether some value an iteration stores was given a buffer per iteration
+        self.stored_spread = False
 
     # ------------------------------------------------------------ memory
 
@@ -357,7 +359,9 @@ class Codegen:
         space = self.result_space(f, v.space if isinstance(v, Buf) else None)
         if space is None or space == "dram":
             return None
-        return self.per_iteration_buffer(space, shape_of(fout(f)))
+        buf = self.per_iteration_buffer(space, shape_of(fout(f)))
+        self.stored_spread = self.stored_spread or buf is not None
+        return buf
 
     def host_copy(self, v: Buf) -> Buf:
         """A contiguous host layout of a (strided) view of host data, indexed like the view (one
@@ -1016,8 +1020,9 @@ def generate(term: Term, target: Target) -> Program:
         if spread not in compiled:
             compiled[spread] = _compiled(term, target, *spread)
         full = compiled[True, True]
-        if spread != (True, True) and isinstance(full, _Unplaced) and not full.overflow.per_iteration:
-            continue  # the program with buffers per iteration had none: the same program
+        if isinstance(full, _Unplaced) and (spread == (False, False) and not full.overflow.per_iteration
+                                            or spread == (True, False) and not full.stored_spread):
+            continue  # the program with every buffer per iteration had none of these: the same program
         try:
             program = _placed(compiled[spread], target, stored_live)
         except CapacityError as exc:
@@ -1036,11 +1041,13 @@ _ATTEMPTS = (((True, True), True), ((True, False), True), ((True, True), False),
 @dataclass
 class _Unplaced:
     """A program too large for its buffers to have memory of their own: the program compiled for
-    sharing memory (None: it does not compile that way), its codegen, and the overflow."""
+    sharing memory (None: it does not compile that way), its codegen, the overflow, and whether
+    some stored value got a buffer per iteration."""
 
     program: Program | None
     cg: Codegen
     overflow: CapacityError
+    stored_spread: bool
 
 
 def _compiled(term: Term, target: Target, per_iteration: bool, stored_per_iteration: bool) -> Program | _Unplaced:
@@ -1058,7 +1065,7 @@ def _compiled(term: Term, target: Target, per_iteration: bool, stored_per_iterat
     except (CodegenError, PlanError):
         laid_out = None
     overflow.per_iteration = first.spread or cg.spread
-    return _Unplaced(laid_out, cg, overflow)
+    return _Unplaced(laid_out, cg, overflow, first.stored_spread or cg.stored_spread)
 
 
 def _placed(compiled: Program | _Unplaced, target: Target, stored_live: bool) -> Program:

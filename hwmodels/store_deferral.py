@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from itertools import count
 
-from hwmodels.isa import Affine, Block, Instr, Loop, Operand, map_operands
+from hwmodels.isa import Affine, Block, Instr, Loop, Operand, loop_var, map_operands
 
 
 def defer_stores(block: Block) -> Block:
@@ -85,7 +85,7 @@ def _interleaved(head: Block, stores: Block, rest: Block) -> Block:
     def renamed(o: Operand) -> Operand:
         terms = dict(o.addr.terms)
         coeff = terms.pop(store.var, 0)
-        return replace(o, addr=Affine(o.addr.base, tuple(sorted(terms.items()))) + Affine(0, ((last.var, coeff),)))
+        return replace(o, addr=Affine(o.addr.base, tuple(sorted(terms.items()))) + loop_var(last.var, coeff))
 
     return [*head[:-1], Loop(last.var, last.count, last.body + map_operands(store.body, renamed))]
 
@@ -157,8 +157,9 @@ def _independent(loop: Loop, head: Block, stores: list, outer: dict[int, int]) -
     stores of iteration j read nor touch what they write (`stores`: their `_footprints`). When outer loops move the two
     differently, their whole spans over every iteration must be apart."""
     v = loop.var
+    leading = list(_footprints(head, {}))
     for space, s_writes, s_lo, s_end, s_terms in stores:
-        for space2, l_writes, l_lo, l_end, l_terms in _footprints(head, {}):
+        for space2, l_writes, l_lo, l_end, l_terms in leading:
             if space != space2 or not (s_writes or l_writes):
                 continue
             s_outer, l_outer = dict(s_terms.terms), dict(l_terms.terms)
