@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, ta, tensor_type, ts
-from egraph_rules.rules import Rule, rewrite
+from egraph_rules.rules import Rule, chain, rewrite, shared_rewrite
 
 
 def _dims(rng: np.random.Generator) -> tuple[int, int]:
@@ -38,16 +40,16 @@ class _Cell:
     weights are rows [k*nh, (k+1)*nh) of PyTorch's stacked weight_ih / weight_hh / biases."""
 
     def __init__(self, p: str, x_len: str, gates: int):
-        self.p, self.v = p, "(TA s nh)"
+        self.p, self.n, self.v = p, "nh", "(TA s nh)"
         self.x_len, self.gates = x_len, gates
 
-    def const(self, e: str, rows: str, cols: str | None, k: int) -> str:
+    def const(self, e: str, cols: str | None, k: int) -> str:
         stacked = f"(TA s (* {self.gates} nh))" if cols is None else f"(TA (TA s {cols}) (* {self.gates} nh))"
         return f"(Const (App (Slice (* {k} nh) nh {stacked}) {e}) {self.p})"
 
     def mv(self, w: str, cols: str, k: int, operand: str) -> str:
-        return (f"(Comp (MVMul (TP (TA (TA s {cols}) nh) (TA s {cols}))) "
-                f"(Fork {self.const(w, 'nh', cols, k)} {operand}))")
+        return (f"(Comp (MVMul (TP (TA (TA s {cols}) {self.n}) (TA s {cols}))) "
+                f"(Fork {self.const(w, cols, k)} {operand}))")
 
     def op2(self, op: str, f: str, g: str, t: str | None = None) -> str:
         t = t or self.v
@@ -57,10 +59,10 @@ class _Cell:
         return f"(Comp ({op} {self.v}) {f})"
 
     def gate_in(self, k: int, x: str) -> str:
-        return self.op2("VVAdd", self.mv("wi", self.x_len, k, x), self.const("bi", "nh", None, k))
+        return self.op2("VVAdd", self.mv("wi", self.x_len, k, x), self.const("bi", None, k))
 
     def gate_h(self, k: int, h: str) -> str:
-        return self.op2("VVAdd", self.mv("wh", "nh", k, h), self.const("bh", "nh", None, k))
+        return self.op2("VVAdd", self.mv("wh", "nh", k, h), self.const("bh", None, k))
 
 
 def _gru_rhs() -> str:
@@ -73,6 +75,31 @@ def _gru_rhs() -> str:
     return c.op2("VVAdd", n, c.op2("VVMul", z, c.op2("VVSub", h, n)))
 
 
+class _BlockCell(_Cell):
+    """egglog text of the gate arithmetic of a block of k hidden units of a cell: its input `p`
+    is (((wi_j, wh_j), ((bi_j, bh_j), c_j)), (x, h)), gate g's weights rows [g*k, (g+1)*k) of
+    the block's stacked rows wi_j, wh_j, bi_j, bh_j."""
+
+    def __init__(self, k: int, gates: int):
+        self.n, self.v, self.gates, self.x_len = str(k), f"(TA s {k})", gates, "ni"
+        rows = gates * k
+        self.wi, self.wh, self.b = f"(TA (TA s ni) {rows})", f"(TA (TA s nh) {rows})", f"(TA s {rows})"
+        self.weights = f"(TP (TP {self.wi} {self.wh}) (TP (TP {self.b} {self.b}) {self.v}))"
+        self.p = f"(TP {self.weights} (TP (TA s ni) (TA s nh)))"
+
+    def part(self, path: str) -> str:
+        """The part of the input at `path`, a string of 'f' (Fst) and 's' (Snd), outermost first."""
+        w, ws, bs = self.weights, f"(TP {self.wi} {self.wh})", f"(TP (TP {self.b} {self.b}) {self.v})"
+        types = {"": self.p, "f": w, "s": "(TP (TA s ni) (TA s nh))", "ff": ws, "fs": bs, "fsf": f"(TP {self.b} {self.b})"}
+        stages = [f"({'Fst' if d == 'f' else 'Snd'} {types[path[:i]]})" for i, d in enumerate(path)]
+        return chain(list(reversed(stages)), None)
+
+    def const(self, e: str, cols: str | None, k: int) -> str:
+        stacked = self.b if cols is None else self.wi if e == "wi" else self.wh
+        path = {"wi": "fff", "wh": "ffs", "bi": "fsff", "bh": "fsfs"}[e]
+        return f"(Comp (Slice {k * int(self.n)} {self.n} {stacked}) {self.part(path)})"
+
+
 def _lstm_rhs() -> str:
     p = "(TP (TA s ni) (TP (TA s nh) (TA s nh)))"
     c = _Cell(p, "ni", 4)
@@ -82,6 +109,66 @@ def _lstm_rhs() -> str:
     i, f, cand, o = c.op1("VVSigm", g[0]), c.op1("VVSigm", g[1]), c.op1("VVTanh", g[2]), c.op1("VVSigm", g[3])
     c2 = c.op2("VVAdd", c.op2("VVMul", f, cc), c.op2("VVMul", i, cand))
     return f"(Fork {c.op2('VVMul', o, c.op1('VVTanh', c2))} {c2})"
+
+
+def _by_block(elem: str, k: int, first: int, gates: int) -> str:
+    """Host re-indexing of a stacked weight or bias (4 gates of nh rows of type `elem`) to the
+    rows of gates first .. first + gates - 1 in nh/k blocks, block j the rows [j*k, (j+1)*k) of
+    every one of those gates, gate by gate."""
+    start, rows = {0: "0", 3: "nh3"}[first], {1: "nh", 3: "nh3"}[gates]  # nh3 = 3 nh, nh4 = 4 nh, nb = nh / k
+    return chain([f"(Map (Join (TA (TA {elem} {k}) {gates})) nb)", f"(Transpose (TA (TA (TA {elem} {k}) nb) {gates}))",
+                  f"(Map (Split {k} (TA {elem} nh)) {gates})", f"(Split nh (TA {elem} {rows}))",
+                  f"(Slice {start} {rows} (TA {elem} nh4))"], None)
+
+
+def _blocked(k: int, inp: str, parts: tuple[str, str, str], first: int, gates: int,
+             body: Callable[[_BlockCell], str]) -> str:
+    """A function of `inp` computing an nh-vector as a Map over blocks of k hidden units: block j
+    gets rows [j*k, (j+1)*k) of gates first .. first + gates - 1 of the stacked weights, block j
+    of the vector parts[2], and the whole x and h (parts[0], parts[1]); body(cell) is its
+    arithmetic (cell: a _BlockCell); the blocks' results are joined."""
+    x, h, c = parts
+    cell = _BlockCell(k, gates)
+    v = cell.v
+
+    def weights(e: str, row: str | None) -> str:
+        elem = "s" if row is None else f"(TA s {row})"
+        return f"(Const (App {_by_block(elem, k, first, gates)} {e}) {inp})"
+
+    def zipped(a: str, b: str, ta_: str, tb: str) -> str:
+        return f"(Comp (Zip (TP (TA {ta_} nb) (TA {tb} nb))) (Fork {a} {b}))"
+
+    ws = zipped(weights("wi", "ni"), weights("wh", "nh"), cell.wi, cell.wh)
+    bs = zipped(zipped(weights("bi", None), weights("bh", None), cell.b, cell.b),
+                f"(Comp (Split {k} (TA s nh)) {c})", f"(TP {cell.b} {cell.b})", v)
+    blocks = zipped(ws, bs, f"(TP {cell.wi} {cell.wh})", f"(TP (TP {cell.b} {cell.b}) {v})")
+    return chain([f"(Join (TA {v} nb))", f"(Map {body(cell)} nb)",
+                  f"(DistR (TP (TA {cell.weights} nb) (TP (TA s ni) (TA s nh))))", f"(Fork {blocks} (Fork {x} {h}))"],
+                 None)
+
+
+def _lstm_blocks_rhs(k: int) -> str:
+    """An LSTM cell block by block of k hidden units: c' = f c + i g from a Map over blocks of
+    gates i, f, g and c, then h' = o tanh(c') from a Map over blocks of gate o and c' (no value
+    spans the hidden size but c' and h')."""
+    p, st = "(TP (TA s ni) (TP (TA s nh) (TA s nh)))", "(TP (TA s nh) (TA s nh))"
+    pc = f"(TP {p} (TA s nh))"
+
+    def c_body(c: _BlockCell) -> str:
+        x, h, cc = c.part("sf"), c.part("ss"), c.part("fss")
+        g = [c.op2("VVAdd", c.gate_in(i, x), c.gate_h(i, h)) for i in range(3)]
+        return c.op2("VVAdd", c.op2("VVMul", c.op1("VVSigm", g[1]), cc),
+                     c.op2("VVMul", c.op1("VVSigm", g[0]), c.op1("VVTanh", g[2])))
+
+    def h_body(c: _BlockCell) -> str:
+        x, h, c2 = c.part("sf"), c.part("ss"), c.part("fss")
+        o = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(0, x), c.gate_h(0, h)))
+        return c.op2("VVMul", o, c.op1("VVTanh", c2))
+
+    c_new = _blocked(k, p, (f"(Fst {p})", f"(Comp (Fst {st}) (Snd {p}))", f"(Comp (Snd {st}) (Snd {p}))"), 0, 3, c_body)
+    h_new = _blocked(k, pc, (f"(Comp (Fst {p}) (Fst {pc}))", f"(Comp (Fst {st}) (Comp (Snd {p}) (Fst {pc})))",
+                             f"(Snd {pc})"), 3, 1, h_body)
+    return f"(Fork (Comp {h_new} (Fork (Id {p}) {c_new})) {c_new})"
 
 
 def _rnn_rhs(nonlinearity: str) -> str:
@@ -175,9 +262,61 @@ def band_rules(resident: int = 1 << 20) -> list[Rule]:
     ]
 
 
+def _lstm_blocks_example(resident: int, native: int):
+    def example(rng: np.random.Generator) -> Term:
+        ni, nh = int(rng.integers(1, 6)), native * int(rng.integers(resident // 4 // native, resident // 2 // native))
+        s = ts("f32")
+        ws = [T("Var", "Wi", tensor_type("f32", (4 * nh, ni))), T("Var", "Wh", tensor_type("f32", (4 * nh, nh))),
+              T("Var", "bi", ta(s, 4 * nh)), T("Var", "bh", ta(s, 4 * nh))]
+        return T("LSTMCell", *ws, T("TP", ta(s, ni), T("TP", ta(s, nh), ta(s, nh))))
+
+    return example
+
+
+def lstm_cell_rules(resident: int, native: int) -> list[Rule]:
+    """An LSTM cell lowered to its gate arithmetic: over whole gate vectors, or, where the four
+    gate vectors alone fill the result memory (`resident` elements), block by block of k hidden
+    units, k the largest of resident/64, resident/128, ... (at least `native`) dividing the
+    hidden size. The two are exclusive: the systolic array's LSTM(4096) step over whole vectors
+    needs 224 KiB of its 64 KiB accumulator, and the cost model, which checks one value at a
+    time, would rank it first."""
+    ks: list[int] = []
+    while resident // 64 >> len(ks) >= native:
+        ks.append(resident // 64 >> len(ks))
+    lhs = "(LSTMCell wi wh bi bh (TP (TA s ni) (TP (TA s nh) (TA s nh))))"
+    fills = f"(>= (* 4 nh) {resident})"
+    whole = ((rewrite(lhs, _lstm_rhs(), "dsl", [f"(< (* 4 nh) {resident})"]),
+              rewrite(lhs, _lstm_rhs(), "dsl", [fills] + [f"(!= 0 (% nh {k}))" for k in ks])) if ks
+             else (rewrite(lhs, _lstm_rhs(), "dsl"),))
+    rules = [Rule(
+        "lstmcell-to-gates", "dsl", whole,
+        f"4 nh < {resident}, or no block size of lstmcell-hidden-blocks divides nh" if ks else "none",
+        "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
+        _cell_example("LSTMCell"),
+    )]
+    if not ks:
+        return rules
+    blocks = tuple(
+        shared_rewrite(lhs, _lstm_blocks_rhs(k), "dsl",
+                       [fills, f"(= 0 (% nh {k}))"] + [f"(!= 0 (% nh {bigger}))" for bigger in ks[:i]]
+                       + [f"(= nb (/ nh {k}))", "(= nh3 (* 3 nh))", "(= nh4 (* 4 nh))"])
+        for i, k in enumerate(ks))
+    return rules + [Rule(
+        "lstmcell-hidden-blocks", "dsl", blocks,
+        f"4 nh >= {resident} (the gate vectors fill the result memory), k the largest of {', '.join(map(str, ks))} "
+        f"dividing nh",
+        "LSTMCell = c' = Join of a Map over blocks of k hidden units of f c + i g, then h' = Join of a Map over "
+        "blocks of o tanh(c'): block j's gates from rows [g nh + j k, g nh + (j+1) k) of each gate g of the "
+        "stacked weights (laid out block by block by the host), with the whole x and h; every gate's arithmetic "
+        "is per hidden unit",
+        _lstm_blocks_example(resident, native),
+    )]
+
+
 def dsl_rules() -> list[Rule]:
     """Fully connected layers become a matrix-vector product plus a bias (a batch of rows: a
-    GEMM); cells become their gate arithmetic. The same for every target."""
+    GEMM); GRU and RNN cells become their gate arithmetic. The same for every target (an LSTM
+    cell's lowering depends on the target's memory: `lstm_cell_rules`)."""
     return [
         Rule(
             "linear-to-mvmul",
@@ -249,14 +388,6 @@ def dsl_rules() -> list[Rule]:
             "GRUCell = r, z, n gates from row blocks of the stacked weights; h' = n + z (h - n) "
             "(n appears twice: one e-class, computed once by codegen)",
             _cell_example("GRUCell"),
-        ),
-        Rule(
-            "lstmcell-to-gates",
-            "dsl",
-            (rewrite("(LSTMCell wi wh bi bh (TP (TA s ni) (TP (TA s nh) (TA s nh))))", _lstm_rhs(), "dsl"),),
-            "none",
-            "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
-            _cell_example("LSTMCell"),
         ),
         Rule(
             "rnncell-to-gates",

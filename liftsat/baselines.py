@@ -23,7 +23,7 @@ from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, Saturator
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
 from hwmodels.target import Target
-from liftsat.rulesets import target_band_rules, target_tiling_rules
+from liftsat.rulesets import target_dsl_rules, target_tiling_rules
 
 #: the rules that keep hardware rules' early moves bounded (a value moved twice is moved once)
 MOVE_BOUNDS = ("tochip-elide", "move-stage-idempotent")
@@ -32,7 +32,7 @@ LAYER_OPS = frozenset(("Linear", "LinearNB", "GRUCell", "LSTMCell", "RNNCell"))
 
 #: the phases in order: name and the rules of the phase for a target
 PHASES: tuple[tuple[str, Callable[[Target], list[Rule]]], ...] = (
-    ("lower", lambda t: dsl_rules() + target_band_rules(t)),
+    ("lower", lambda t: dsl_rules() + target_dsl_rules(t)),
     ("tile", target_tiling_rules),
     ("restructure", lambda t: common_algorithmic_rules()),
 )
