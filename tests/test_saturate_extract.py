@@ -8,7 +8,7 @@ import math
 import pytest
 
 from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
-from egraph_rules.rules import Rule
+from egraph_rules.rules import Rule, rewrite, shared_rewrite
 from egraph_rules.saturate import PLANNER_SWITCH, Budget, EGraphError, Saturator, uses_of
 from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from frontend.layers import build_model
@@ -121,6 +121,28 @@ def test_type_conflict_is_reported():
                "none", "equates functions of different input types", lambda rng: T("VVRelu", V(2)))
     with pytest.raises(EGraphError, match="type conflict"):
         saturated(relu_term(2), rules=[bad], budget=Budget(iterations=2))
+
+
+def test_a_shared_rewrite_adds_what_the_plain_rewrite_adds():
+    """shared_rewrite binds each repeated sub-term of the right-hand side once by a let (relu(x)
+    + relu(x) with relu and its pair type used twice); the e-graph it builds is the plain
+    rewrite's."""
+    lhs, rhs = "(VVTanh (TA s n))", ("(Comp (VVAdd (TP (TA s n) (TA s n))) "
+                                     "(Fork (VVRelu (TA s n)) (VVRelu (TA s n))))")
+    text = shared_rewrite(lhs, rhs, "algorithmic", ["(> n 2)"])
+    assert "(let shared0__ (TA s n)) (let shared1__ (VVRelu shared0__))" in text
+    assert "(union lhs__ (Comp (VVAdd (TP shared0__ shared0__)) (Fork shared1__ shared1__)))" in text
+    doubled = comp(T("VVAdd", tp(V(8), V(8))), T("Fork", T("VVRelu", V(8)), T("VVRelu", V(8))))
+    graphs = []
+    for form in (text, rewrite(lhs, rhs, "algorithmic", ["(> n 2)"])):
+        sat = Saturator([Rule("double-relu", "algorithmic", (form,), "n > 2", "", lambda rng: None)])
+        term = T("App", T("VVTanh", V(8)), T("Var", "x", V(8)))
+        sat.add("root", term)
+        graph = sat.serialize({"root": term, "doubled": T("App", doubled, T("Var", "x", V(8)))},
+                              sat.run(Budget(iterations=3)))
+        assert graph.roots["root"] == graph.roots["doubled"]
+        graphs.append((len(graph.nodes), len(graph.classes)))
+    assert graphs[0] == graphs[1]
 
 
 def test_malformed_rule_is_an_egraph_error():
