@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
 import numpy as np
 
@@ -215,15 +216,19 @@ def _banded_example(resident: int, bias: bool):
     return example
 
 
+def _cell(op: str, ni: int, nh: int) -> Term:
+    """A GRUCell or LSTMCell of ni inputs and nh hidden units, weights named Wi, Wh, bi, bh."""
+    gates = 3 if op == "GRUCell" else 4
+    s = ts("f32")
+    ws = [T("Var", "Wi", tensor_type("f32", (gates * nh, ni))), T("Var", "Wh", tensor_type("f32", (gates * nh, nh))),
+          T("Var", "bi", ta(s, gates * nh)), T("Var", "bh", ta(s, gates * nh))]
+    state = ta(s, nh) if op == "GRUCell" else T("TP", ta(s, nh), ta(s, nh))
+    return T(op, *ws, T("TP", ta(s, ni), state))
+
+
 def _cell_example(op: str):
     def example(rng: np.random.Generator) -> Term:
-        ni, nh = int(rng.integers(1, 6)), int(rng.integers(1, 6))
-        gates = 3 if op == "GRUCell" else 4
-        s = ts("f32")
-        ws = [T("Var", "Wi", tensor_type("f32", (gates * nh, ni))), T("Var", "Wh", tensor_type("f32", (gates * nh, nh))),
-              T("Var", "bi", ta(s, gates * nh)), T("Var", "bh", ta(s, gates * nh))]
-        state = ta(s, nh) if op == "GRUCell" else T("TP", ta(s, nh), ta(s, nh))
-        return T(op, *ws, T("TP", ta(s, ni), state))
+        return _cell(op, int(rng.integers(1, 6)), int(rng.integers(1, 6)))
 
     return example
 
@@ -262,13 +267,11 @@ def band_rules(resident: int = 1 << 20) -> list[Rule]:
     ]
 
 
-def _lstm_blocks_example(resident: int, native: int):
+def _lstm_filling_example(resident: int, step: int, offset: int):
+    """LSTM cells whose gate vectors fill `resident` elements: nh = step * j + offset."""
     def example(rng: np.random.Generator) -> Term:
-        ni, nh = int(rng.integers(1, 6)), native * int(rng.integers(resident // 4 // native, resident // 2 // native))
-        s = ts("f32")
-        ws = [T("Var", "Wi", tensor_type("f32", (4 * nh, ni))), T("Var", "Wh", tensor_type("f32", (4 * nh, nh))),
-              T("Var", "bi", ta(s, 4 * nh)), T("Var", "bh", ta(s, 4 * nh))]
-        return T("LSTMCell", *ws, T("TP", ta(s, ni), T("TP", ta(s, nh), ta(s, nh))))
+        return _cell("LSTMCell", int(rng.integers(1, 6)),
+                     step * int(rng.integers(resident // 4 // step, resident // 2 // step)) + offset)
 
     return example
 
@@ -280,28 +283,36 @@ def lstm_cell_rules(resident: int, native: int) -> list[Rule]:
     hidden size. The two are exclusive: the systolic array's LSTM(4096) step over whole vectors
     needs 224 KiB of its 64 KiB accumulator, and the cost model, which checks one value at a
     time, would rank it first."""
+    return list(_lstm_cell_rules(resident, native))
+
+
+@cache
+def _lstm_cell_rules(resident: int, native: int) -> tuple[Rule, ...]:
+    """`lstm_cell_rules`, built once per size: writing and sharing the blocks' right-hand sides
+    takes 20-46 ms, and every compile asks for each target's rules."""
     ks: list[int] = []
     while resident // 64 >> len(ks) >= native:
         ks.append(resident // 64 >> len(ks))
     lhs = "(LSTMCell wi wh bi bh (TP (TA s ni) (TP (TA s nh) (TA s nh))))"
     fills = f"(>= (* 4 nh) {resident})"
-    whole = ((rewrite(lhs, _lstm_rhs(), "dsl", [f"(< (* 4 nh) {resident})"]),
-              rewrite(lhs, _lstm_rhs(), "dsl", [fills] + [f"(!= 0 (% nh {k}))" for k in ks])) if ks
-             else (rewrite(lhs, _lstm_rhs(), "dsl"),))
-    rules = [Rule(
+    rhs = _lstm_rhs()
+    whole = ((rewrite(lhs, rhs, "dsl", [f"(< (* 4 nh) {resident})"]),
+              rewrite(lhs, rhs, "dsl", [fills] + [f"(!= 0 (% nh {k}))" for k in ks])) if ks
+             else (rewrite(lhs, rhs, "dsl"),))
+    to_gates = Rule(
         "lstmcell-to-gates", "dsl", whole,
         f"4 nh < {resident}, or no block size of lstmcell-hidden-blocks divides nh" if ks else "none",
         "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
-        _cell_example("LSTMCell"),
-    )]
+        _cell_example("LSTMCell"), *((_lstm_filling_example(resident, 2 * ks[-1], 1),) if ks else ()),
+    )
     if not ks:
-        return rules
+        return (to_gates,)
     blocks = tuple(
         shared_rewrite(lhs, _lstm_blocks_rhs(k), "dsl",
                        [fills, f"(= 0 (% nh {k}))"] + [f"(!= 0 (% nh {bigger}))" for bigger in ks[:i]]
                        + [f"(= nb (/ nh {k}))", "(= nh3 (* 3 nh))", "(= nh4 (* 4 nh))"])
         for i, k in enumerate(ks))
-    return rules + [Rule(
+    return (to_gates, Rule(
         "lstmcell-hidden-blocks", "dsl", blocks,
         f"4 nh >= {resident} (the gate vectors fill the result memory), k the largest of {', '.join(map(str, ks))} "
         f"dividing nh",
@@ -309,8 +320,8 @@ def lstm_cell_rules(resident: int, native: int) -> list[Rule]:
         "blocks of o tanh(c'): block j's gates from rows [g nh + j k, g nh + (j+1) k) of each gate g of the "
         "stacked weights (laid out block by block by the host), with the whole x and h; every gate's arithmetic "
         "is per hidden unit",
-        _lstm_blocks_example(resident, native),
-    )]
+        _lstm_filling_example(resident, native, 0),
+    ))
 
 
 def dsl_rules() -> list[Rule]:
