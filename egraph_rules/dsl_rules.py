@@ -7,7 +7,7 @@ from functools import cache
 
 import numpy as np
 
-from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, ta, tensor_type, ts
+from egraph_rules.ir import RNN_NONLINEARITIES, T, Term, numel, ta, tensor_type, ts
 from egraph_rules.rules import Rule, chain, rewrite, shared_rewrite
 
 
@@ -112,29 +112,31 @@ def _lstm_rhs() -> str:
     return f"(Fork {c.op2('VVMul', o, c.op1('VVTanh', c2))} {c2})"
 
 
-def _by_block(elem: str, k: int, first: int, gates: int) -> str:
-    """Host re-indexing of a stacked weight or bias (4 gates of nh rows of type `elem`) to the
-    rows of gates first .. first + gates - 1 in nh/k blocks, block j the rows [j*k, (j+1)*k) of
-    every one of those gates, gate by gate."""
+def _by_block(elem: str, k: int, first: int, gates: int, stacked: int) -> str:
+    """Host re-indexing of a stacked weight or bias (`stacked` gates of nh rows of type `elem`) to
+    the rows of gates first .. first + gates - 1 in nh/k blocks, block j the rows [j*k, (j+1)*k)
+    of every one of those gates, gate by gate."""
     start, rows = {0: "0", 3: "nh3"}[first], {1: "nh", 3: "nh3"}[gates]  # nh3 = 3 nh, nh4 = 4 nh, nb = nh / k
-    return chain([f"(Map (Join (TA (TA {elem} {k}) {gates})) nb)", f"(Transpose (TA (TA (TA {elem} {k}) nb) {gates}))",
-                  f"(Map (Split {k} (TA {elem} nh)) {gates})", f"(Split nh (TA {elem} {rows}))",
-                  f"(Slice {start} {rows} (TA {elem} nh4))"], None)
+    parts = [f"(Map (Join (TA (TA {elem} {k}) {gates})) nb)", f"(Transpose (TA (TA (TA {elem} {k}) nb) {gates}))",
+             f"(Map (Split {k} (TA {elem} nh)) {gates})", f"(Split nh (TA {elem} {rows}))"]
+    if gates != stacked:
+        parts.append(f"(Slice {start} {rows} (TA {elem} nh{stacked}))")
+    return chain(parts, None)
 
 
-def _blocked(k: int, inp: str, parts: tuple[str, str, str], first: int, gates: int,
+def _blocked(k: int, inp: str, parts: tuple[str, str, str], first: int, gates: int, stacked: int,
              body: Callable[[_BlockCell], str]) -> str:
     """A function of `inp` computing an nh-vector as a Map over blocks of k hidden units: block j
-    gets rows [j*k, (j+1)*k) of gates first .. first + gates - 1 of the stacked weights, block j
-    of the vector parts[2], and the whole x and h (parts[0], parts[1]); body(cell) is its
-    arithmetic (cell: a _BlockCell); the blocks' results are joined."""
+    gets rows [j*k, (j+1)*k) of gates first .. first + gates - 1 of the weights stacked for
+    `stacked` gates, block j of the vector parts[2], and the whole x and h (parts[0], parts[1]);
+    body(cell) is its arithmetic (cell: a _BlockCell); the blocks' results are joined."""
     x, h, c = parts
     cell = _BlockCell(k, gates)
     v = cell.v
 
     def weights(e: str, row: str | None) -> str:
         elem = "s" if row is None else f"(TA s {row})"
-        return f"(Const (App {_by_block(elem, k, first, gates)} {e}) {inp})"
+        return f"(Const (App {_by_block(elem, k, first, gates, stacked)} {e}) {inp})"
 
     def zipped(a: str, b: str, ta_: str, tb: str) -> str:
         return f"(Comp (Zip (TP (TA {ta_} nb) (TA {tb} nb))) (Fork {a} {b}))"
@@ -166,10 +168,26 @@ def _lstm_blocks_rhs(k: int) -> str:
         o = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(0, x), c.gate_h(0, h)))
         return c.op2("VVMul", o, c.op1("VVTanh", c2))
 
-    c_new = _blocked(k, p, (f"(Fst {p})", f"(Comp (Fst {st}) (Snd {p}))", f"(Comp (Snd {st}) (Snd {p}))"), 0, 3, c_body)
+    c_new = _blocked(k, p, (f"(Fst {p})", f"(Comp (Fst {st}) (Snd {p}))", f"(Comp (Snd {st}) (Snd {p}))"), 0, 3, 4,
+                     c_body)
     h_new = _blocked(k, pc, (f"(Comp (Fst {p}) (Fst {pc}))", f"(Comp (Fst {st}) (Comp (Snd {p}) (Fst {pc})))",
-                             f"(Snd {pc})"), 3, 1, h_body)
+                             f"(Snd {pc})"), 3, 1, 4, h_body)
     return f"(Fork (Comp {h_new} (Fork (Id {p}) {c_new})) {c_new})"
+
+
+def _gru_blocks_rhs(k: int) -> str:
+    """A GRU cell block by block of k hidden units: h' = n + z (h - n) from a Map over blocks of
+    gates r, z, n and h (every gate's arithmetic is per hidden unit)."""
+    p = "(TP (TA s ni) (TA s nh))"
+
+    def body(c: _BlockCell) -> str:
+        x, h, hj = c.part("sf"), c.part("ss"), c.part("fss")
+        r = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(0, x), c.gate_h(0, h)))
+        z = c.op1("VVSigm", c.op2("VVAdd", c.gate_in(1, x), c.gate_h(1, h)))
+        n = c.op1("VVTanh", c.op2("VVAdd", c.gate_in(2, x), c.op2("VVMul", r, c.gate_h(2, h))))
+        return c.op2("VVAdd", n, c.op2("VVMul", z, c.op2("VVSub", hj, n)))
+
+    return _blocked(k, p, (f"(Fst {p})", f"(Snd {p})", f"(Snd {p})"), 0, 3, 3, body)
 
 
 def _rnn_rhs(nonlinearity: str) -> str:
@@ -267,67 +285,105 @@ def band_rules(resident: int = 1 << 20) -> list[Rule]:
     ]
 
 
-def _lstm_filling_example(resident: int, step: int, offset: int):
-    """LSTM cells whose gate vectors fill `resident` elements: nh = step * j + offset."""
+def _filling_example(op: str, fill: int, step: int, offset: int):
+    """Cells whose gate vectors fill `fill` elements: nh = step * j + offset, nh at least
+    fill / gates (an LSTM cell has 4 gates, a GRU cell 3) and less than twice that."""
+    gates = _GATES[op]
+
     def example(rng: np.random.Generator) -> Term:
-        return _cell("LSTMCell", int(rng.integers(1, 6)),
-                     step * int(rng.integers(resident // 4 // step, resident // 2 // step)) + offset)
+        least = max(1, -(-fill // gates // step))
+        return _cell(op, int(rng.integers(1, 6)), step * int(rng.integers(least, 2 * least)) + offset)
 
     return example
 
 
-def lstm_cell_rules(resident: int, native: int) -> list[Rule]:
-    """An LSTM cell lowered to its gate arithmetic: over whole gate vectors, or, where the four
-    gate vectors alone fill the result memory (`resident` elements), block by block of k hidden
-    units, k the largest of resident/64, resident/128, ... (at least `native`) dividing the
-    hidden size. The two are exclusive: the systolic array's LSTM(4096) step over whole vectors
-    needs 224 KiB of its 64 KiB accumulator, and the cost model, which checks one value at a
-    time, would rank it first."""
-    return list(_lstm_cell_rules(resident, native))
+#: how many gates each cell stacks in its weights
+_GATES = {"LSTMCell": 4, "GRUCell": 3}
+#: per cell: the e-graph pattern of its application, its lowering over whole gate vectors and
+#: the one block by block of k hidden units, and what each computes
+_CELLS = {
+    "LSTMCell": ("(LSTMCell wi wh bi bh (TP (TA s ni) (TP (TA s nh) (TA s nh))))", _lstm_rhs, _lstm_blocks_rhs,
+                 "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
+                 "LSTMCell = c' = Join of a Map over blocks of k hidden units of f c + i g, then h' = Join of a Map "
+                 "over blocks of o tanh(c')"),
+    "GRUCell": ("(GRUCell wi wh bi bh (TP (TA s ni) (TA s nh)))", _gru_rhs, _gru_blocks_rhs,
+                "GRUCell = r, z, n gates from row blocks of the stacked weights; h' = n + z (h - n) "
+                "(n appears twice: one e-class, computed once by codegen)",
+                "GRUCell = h' = Join of a Map over blocks of k hidden units of n + z (h - n)"),
+}
 
 
-@cache
-def _lstm_cell_rules(resident: int, native: int) -> tuple[Rule, ...]:
-    """`lstm_cell_rules`, built once per size: writing and sharing the blocks' right-hand sides
-    takes 20-46 ms, and every compile asks for each target's rules."""
+def _block_sizes(resident: int, native: int) -> list[int]:
+    """The block sizes of hidden units a cell may run in, largest first: resident/64,
+    resident/128, ..., at least `native`."""
     ks: list[int] = []
     while resident // 64 >> len(ks) >= native:
         ks.append(resident // 64 >> len(ks))
-    lhs = "(LSTMCell wi wh bi bh (TP (TA s ni) (TP (TA s nh) (TA s nh))))"
-    fills = f"(>= (* 4 nh) {resident})"
-    rhs = _lstm_rhs()
-    whole = ((rewrite(lhs, rhs, "dsl", [f"(< (* 4 nh) {resident})"]),
+    return ks
+
+
+def blocked_by_default(cell: Term, resident: int, native: int) -> bool | None:
+    """Whether `cell_rules` lowers this GRUCell or LSTMCell term in blocks of hidden units by
+    default (its gate vectors fill `resident` elements), and None when no block size divides its
+    hidden size, so it can only run over whole gate vectors."""
+    state = cell.args[-1].args[1]
+    nh = numel(state) // (2 if state.op == "TP" else 1)
+    if not any(nh % k == 0 for k in _block_sizes(resident, native)):
+        return None
+    return _GATES[cell.op] * nh >= resident
+
+
+def cell_rules(resident: int, native: int, fill: int | None = None) -> list[Rule]:
+    """GRU and LSTM cells lowered to their gate arithmetic: over whole gate vectors, or, where
+    the gate vectors alone fill `fill` elements (by default `resident`, the result memory's),
+    block by block of k hidden units, k the largest of resident/64, resident/128, ... (at least
+    `native`) dividing the hidden size. The two are exclusive: the systolic array's LSTM(4096)
+    step over whole vectors needs 224 KiB of its 64 KiB accumulator, and the cost model, which
+    checks one value at a time, would rank it first. With fill 0, every cell that has a block
+    size runs in blocks (what a program that does not fit is compiled again with)."""
+    return [r for op in _CELLS for r in _cell_rules(op, resident, native, resident if fill is None else fill)]
+
+
+@cache
+def _cell_rules(op: str, resident: int, native: int, fill: int) -> tuple[Rule, ...]:
+    """One cell's `cell_rules`, built once per size: writing and sharing the blocks' right-hand
+    sides takes 20-46 ms, and every compile asks for each target's rules."""
+    lhs, whole_rhs, blocks_rhs, whole_doc, blocks_doc = _CELLS[op]
+    gates, name = _GATES[op], op.lower()
+    ks = _block_sizes(resident, native)
+    size = f"(* {gates} nh)"
+    fills = f"(>= {size} {fill})"
+    rhs = whole_rhs()
+    whole = ((rewrite(lhs, rhs, "dsl", [f"(< {size} {fill})"]),
               rewrite(lhs, rhs, "dsl", [fills] + [f"(!= 0 (% nh {k}))" for k in ks])) if ks
              else (rewrite(lhs, rhs, "dsl"),))
     to_gates = Rule(
-        "lstmcell-to-gates", "dsl", whole,
-        f"4 nh < {resident}, or no block size of lstmcell-hidden-blocks divides nh" if ks else "none",
-        "LSTMCell = i, f, g, o gates from row blocks of the stacked weights; c' = f c + i g, h' = o tanh(c')",
-        _cell_example("LSTMCell"), *((_lstm_filling_example(resident, 2 * ks[-1], 1),) if ks else ()),
+        f"{name}-to-gates", "dsl", whole,
+        f"{gates} nh < {fill}, or no block size of {name}-hidden-blocks divides nh" if ks else "none",
+        whole_doc, _cell_example(op), *((_filling_example(op, fill, 2 * ks[-1], 1),) if ks else ()),
     )
     if not ks:
         return (to_gates,)
     blocks = tuple(
-        shared_rewrite(lhs, _lstm_blocks_rhs(k), "dsl",
+        shared_rewrite(lhs, blocks_rhs(k), "dsl",
                        [fills, f"(= 0 (% nh {k}))"] + [f"(!= 0 (% nh {bigger}))" for bigger in ks[:i]]
-                       + [f"(= nb (/ nh {k}))", "(= nh3 (* 3 nh))", "(= nh4 (* 4 nh))"])
+                       + [f"(= nb (/ nh {k}))", "(= nh3 (* 3 nh))"] + (["(= nh4 (* 4 nh))"] if gates == 4 else []))
         for i, k in enumerate(ks))
     return (to_gates, Rule(
-        "lstmcell-hidden-blocks", "dsl", blocks,
-        f"4 nh >= {resident} (the gate vectors fill the result memory), k the largest of {', '.join(map(str, ks))} "
-        f"dividing nh",
-        "LSTMCell = c' = Join of a Map over blocks of k hidden units of f c + i g, then h' = Join of a Map over "
-        "blocks of o tanh(c'): block j's gates from rows [g nh + j k, g nh + (j+1) k) of each gate g of the "
-        "stacked weights (laid out block by block by the host), with the whole x and h; every gate's arithmetic "
-        "is per hidden unit",
-        _lstm_filling_example(resident, native, 0),
+        f"{name}-hidden-blocks", "dsl", blocks,
+        f"{gates} nh >= {fill} (the gate vectors fill the result memory), k the largest of "
+        f"{', '.join(map(str, ks))} dividing nh",
+        f"{blocks_doc}: block j's gates from rows [g nh + j k, g nh + (j+1) k) of each gate g of the stacked "
+        "weights (laid out block by block by the host), with the whole x and h; every gate's arithmetic is per "
+        "hidden unit",
+        _filling_example(op, fill, native, 0),
     ))
 
 
 def dsl_rules() -> list[Rule]:
     """Fully connected layers become a matrix-vector product plus a bias (a batch of rows: a
-    GEMM); GRU and RNN cells become their gate arithmetic. The same for every target (an LSTM
-    cell's lowering depends on the target's memory: `lstm_cell_rules`)."""
+    GEMM); RNN cells become their gate arithmetic. The same for every target (a GRU or LSTM
+    cell's lowering depends on the target's memory: `cell_rules`)."""
     return [
         Rule(
             "linear-to-mvmul",
@@ -390,15 +446,6 @@ def dsl_rules() -> list[Rule]:
             "none",
             "A . B = Map over the rows a of A of MVMul(transpose B, a): a GEMM is matrix-vector products",
             _mmmul_example,
-        ),
-        Rule(
-            "grucell-to-gates",
-            "dsl",
-            (rewrite("(GRUCell wi wh bi bh (TP (TA s ni) (TA s nh)))", _gru_rhs(), "dsl"),),
-            "none",
-            "GRUCell = r, z, n gates from row blocks of the stacked weights; h' = n + z (h - n) "
-            "(n appears twice: one e-class, computed once by codegen)",
-            _cell_example("GRUCell"),
         ),
         Rule(
             "rnncell-to-gates",

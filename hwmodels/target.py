@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from egraph_rules.hardware_rules import DeviceOp
@@ -130,6 +130,21 @@ class Target:
         for o in self.ops:
             spaces |= {s for t, s in o.op.operands if t.op == "TA" and t.args[0].op == "TA"}
         return frozenset(s for s in spaces if s in self.memories and self.memories[s].load_unit == "vector")
+
+    def with_memory(self, name: str, **changes: int) -> Target:
+        """This target with one memory's capacity, bandwidth or latency changed (`name` "dram"
+        for DRAM): to explore memory sizes without writing a target file."""
+        least = {"capacity": 1, "bandwidth": 1, "latency": 0}
+        for key, value in changes.items():
+            if key not in least:
+                raise TargetError(f"a memory has no {key!r} to change; it has {', '.join(least)}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least[key]:
+                raise TargetError(f"{self.name}: {name}.{key} must be an integer of at least {least[key]}, got {value!r}")
+        if name == "dram":
+            return replace(self, dram=replace(self.dram, **changes))
+        if name not in self.memories:
+            raise TargetError(f"{self.name} has no memory {name!r}; its memories: dram, {', '.join(self.memories)}")
+        return replace(self, memories={**self.memories, name: replace(self.memories[name], **changes)})
 
     def device_ops(self) -> list[DeviceOp]:
         """What the hardware rules are generated from."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from egraph_rules.dsl_rules import blocked_by_default
 from egraph_rules.ir import Term
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationStats
 from extraction.alternatives import k_cheapest
@@ -20,7 +21,7 @@ from hwmodels.codegen import CapacityError, CodegenError, generate
 from hwmodels.isa import Program
 from hwmodels.simulator import SimResult, simulate
 from hwmodels.target import Target
-from liftsat.rulesets import shared_rules, target_rules
+from liftsat.rulesets import memory_guards, shared_rules, target_rules
 from liftsat.targets import get_target
 
 
@@ -166,10 +167,11 @@ class SharedEGraph:
         self.stats = self.sat.run(self.budget)
         self.stats.eclasses = self.sat.serialize({"root": term}, self.stats).stats.eclasses
 
-    def saturate(self, target: Target, staged: bool = True) -> SaturatedGraph:
+    def saturate(self, target: Target, staged: bool = True, blocked_cells: bool = False) -> SaturatedGraph:
         """The e-graph grown with the target's rules within what is left of the budget (without
-        splitting loads through staging memories when not `staged`)."""
-        with self.sat.extended(target_rules(target, staged)):
+        splitting loads through staging memories when not `staged`; with recurrent cells in
+        blocks of hidden units wherever they can be, when `blocked_cells`)."""
+        with self.sat.extended(target_rules(target, staged, blocked_cells)):
             return self.sat.serialize({"root": self.term}, self.sat.run(self.budget, after=self.stats))
 
 
@@ -288,12 +290,13 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
     then the next cheapest that codegen lays out is taken (`_lay_out`). When none does on a target
     with a staging memory, the e-graph is grown again without splitting its loads: the split's
     programs can fill every candidate (a GRU(2816) step on the systolic array, whose gate vectors
-    and the biases pinned beside them overflow the accumulator). The programs codegen could not
-    lay out are listed in `unbuildable` with the reason."""
+    and the biases pinned beside them overflow the accumulator). When none does still, a program
+    with recurrent cells is grown again with its cells in blocks of hidden units (`_attempts`).
+    The programs codegen could not lay out are listed in `unbuildable` with the reason."""
     unbuildable: list[str] = []
-    for split in (True, False) if target.staging else (True,):
-        result, best = _lay_out(shared.saturate(target, split), model, target, functional, alternatives, extractor,
-                                time_limit, unbuildable)
+    for split, blocked in _attempts(shared.term, target):
+        result, best = _lay_out(shared.saturate(target, split, blocked), model, target, functional, alternatives,
+                                extractor, time_limit, unbuildable)
         if result is not None:
             break
     if result is None:
@@ -306,6 +309,20 @@ def _run(shared: SharedEGraph, model: Model, target: Target, functional: bool, a
                              "contexts": best.contexts, "greedy_cycles": best.greedy.cycles,
                              "greedy_shared_cycles": best.greedy_dag_cycles}
     return result
+
+
+def _attempts(term: Term, target: Target) -> list[tuple[bool, bool]]:
+    """The ways a target's e-graph is grown, in order, until a program lays out: (loads through
+    staging memories split, cells in blocks of hidden units wherever they can be). A GRU or LSTM
+    cell runs over whole gate vectors unless they fill the result memory, but its step keeps
+    several gate-sized values live: the systolic array's GRU(4096) and LSTM(3072) steps need
+    256 KiB and 168 KiB of its 64 KiB accumulator, so blocks are the last resort, for a program
+    with a cell that runs over whole vectors by default and has a block size."""
+    splits = (True, False) if target.staging else (True,)
+    resident = memory_guards(target).resident
+    blockable = any(blocked_by_default(n, resident, target.native_dim) is False
+                    for n in term.walk() if n.op in ("GRUCell", "LSTMCell"))
+    return [(split, blocked) for blocked in ((False, True) if blockable else (False,)) for split in splits]
 
 
 def _lay_out(graph: SaturatedGraph, model: Model, target: Target, functional: bool, alternatives: int,

@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from egraph_rules.algorithmic_rules import common_algorithmic_rules, staging_rules, tiling_rules
-from egraph_rules.dsl_rules import band_rules, dsl_rules, lstm_cell_rules
+from egraph_rules.dsl_rules import band_rules, cell_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.rules import Rule
 from hwmodels.target import Target
 
 
 def shared_rules() -> list[Rule]:
-    """The rules saturated once for every target: layers lowered to Lift patterns (but an LSTM
-    cell, whose lowering depends on the target's memory: `target_dsl_rules`). The
+    """The rules saturated once for every target: layers lowered to Lift patterns (but GRU and
+    LSTM cells, whose lowering depends on the target's memory: `target_dsl_rules`). The
     structural rules are target-independent too, but they subsume e-nodes (compose-assoc, the
     identities) that a target's rules must still match, so they run with each target's own:
     run first on their own, they took AlexNet conv2 on snowflake from 7.4 M to 56.4 M cycles."""
@@ -47,12 +47,12 @@ def memory_guards(target: Target) -> MemoryGuards:
     return MemoryGuards(resident, max(m.capacity for m in spaces) // 4, resident * (2 if rows_apart else 1))
 
 
-def target_dsl_rules(target: Target) -> list[Rule]:
-    """The DSL rules sized to the target's memories: a batch of rows in bands, an LSTM cell
-    lowered over whole gate vectors or, where they fill the result memory, in blocks of hidden
-    units."""
+def target_dsl_rules(target: Target, blocked_cells: bool = False) -> list[Rule]:
+    """The DSL rules sized to the target's memories: a batch of rows in bands, GRU and LSTM
+    cells lowered over whole gate vectors or, where they fill the result memory (or wherever a
+    block size divides the hidden size, when `blocked_cells`), in blocks of hidden units."""
     g = memory_guards(target)
-    return band_rules(g.banded) + lstm_cell_rules(g.resident, target.native_dim)
+    return band_rules(g.banded) + cell_rules(g.resident, target.native_dim, 0 if blocked_cells else None)
 
 
 def target_tiling_rules(target: Target) -> list[Rule]:
@@ -61,12 +61,13 @@ def target_tiling_rules(target: Target) -> list[Rule]:
     return tiling_rules((target.native_dim,), g.resident, g.pinnable, g.banded)
 
 
-def target_rules(target: Target, staged: bool = True) -> list[Rule]:
+def target_rules(target: Target, staged: bool = True, blocked_cells: bool = False) -> list[Rule]:
     """The rules a target's programs grow with after the shared phase: Lift's structural,
-    movement and im2col rules, bands and tiles sized to its memories and native size, loads
-    through its staging memories split in two (unless not `staged`), and its hardware rules."""
+    movement and im2col rules, bands and tiles sized to its memories and native size (cells in
+    blocks of hidden units wherever they can be, when `blocked_cells`), loads through its staging
+    memories split in two (unless not `staged`), and its hardware rules."""
     stages = target.staging if staged else {}
-    return (common_algorithmic_rules() + target_dsl_rules(target)
+    return (common_algorithmic_rules() + target_dsl_rules(target, blocked_cells)
             + target_tiling_rules(target) + staging_rules(stages, target.native_dim)
             + hardware_rules(target.device_ops(), target.native_dim))
 

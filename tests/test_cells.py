@@ -1,16 +1,16 @@
 """Recurrent cells (GRUCell, LSTMCell): frontend checks, end-to-end runs on brainwave and the
-other targets, LSTM cells in blocks of hidden units, and the stacked-gates equivalence in the
+other targets, cells in blocks of hidden units, and the stacked-gates equivalence in the
 e-graph."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
 from egraph_rules.ir import T, comp, ta, tensor_type, tp, ts
 from egraph_rules.saturate import Budget, EGraphError, Saturator
 from frontend.layers import LayerError, build_model, parse_layer
+from liftsat import api
 from liftsat.api import optimize
 from liftsat.rulesets import rules_for
 from liftsat.targets import get_target
@@ -76,18 +76,15 @@ def test_lstm_cell_runs_on_brainwave():
 
 def _blocked(term) -> bool:
     """Whether a program reads weight_ih laid out block by block of hidden units (the host
-    re-indexing of lstmcell-hidden-blocks ends in a Transpose)."""
+    re-indexing of lstmcell-hidden-blocks and grucell-hidden-blocks ends in a Transpose)."""
     return any(t.op == "App" and t.args[1].op == "Var" and t.args[1].args[0] == "Wih0"
                and any(u.op == "Transpose" for u in t.args[0].walk()) for t in term.walk())
 
 
 def _small_accumulator():
     """The systolic array with a 1 Ki-element accumulator: LSTM(256)'s four 256-element gate
-    vectors fill it."""
-    base = get_target("systolic")
-    mems = dict(base.memories)
-    mems["gm.acc"] = dataclasses.replace(mems["gm.acc"], capacity=1024 * 4)
-    return dataclasses.replace(base, memories=mems)
+    vectors fill it, and GRU(352)'s three 352-element ones."""
+    return get_target("systolic").with_memory("gm.acc", capacity=1024 * 4)
 
 
 @pytest.mark.parametrize("layer, shape", [("LSTMCell(256, 256)", (2, 256)), ("LSTM(256, 256)", (3, 2, 256))])
@@ -108,6 +105,57 @@ def test_lstm_4096_runs_on_the_systolic_array():
     r = optimize(["LSTMCell(4096, 4096)"], (1, 4096), "systolic", functional=False)
     assert _blocked(r.term)
     assert abs(r.predicted_cycles / r.cycles - 1) <= 0.01
+
+
+def _grown(monkeypatch) -> list[bool]:
+    """Records, for each e-graph a target's programs are grown in, whether its cells were forced
+    into blocks of hidden units."""
+    grown: list[bool] = []
+    saturate = api.SharedEGraph.saturate
+
+    def recorded(self, target, staged=True, blocked_cells=False):
+        grown.append(blocked_cells)
+        return saturate(self, target, staged, blocked_cells)
+
+    monkeypatch.setattr(api.SharedEGraph, "saturate", recorded)
+    return grown
+
+
+@pytest.mark.parametrize("layer, shape", [("GRUCell(352, 352)", (2, 352)), ("GRU(352, 352)", (3, 2, 352))])
+def test_a_gru_whose_gates_fill_the_accumulator_runs_in_blocks_of_hidden_units(layer, shape, monkeypatch):
+    """Where the three gate vectors fill the result memory, the cell runs as one Map over blocks
+    of 16 hidden units of h' = n + z (h - n) (grucell-hidden-blocks), right against numpy, from
+    the first e-graph grown: its guard chose the blocks, not a retry."""
+    grown = _grown(monkeypatch)
+    r = optimize([layer], shape, _small_accumulator())
+    assert r.max_rel_error <= 1e-4
+    assert _blocked(r.term) and grown == [False]
+
+
+def test_a_cell_whose_whole_vector_step_does_not_fit_is_compiled_again_in_blocks(monkeypatch):
+    """GRUCell(288)'s gate vectors take 864 of the 1 Ki-element accumulator, so it is lowered
+    over whole vectors first, but the step keeps more of them live than fit: no such program
+    lays out. The e-graph is grown again with the cell in blocks of hidden units, and that
+    program runs, right against numpy (on the real systolic array: GRU(4096))."""
+    grown = _grown(monkeypatch)
+    r = optimize(["GRUCell(288, 288)"], (1, 288), _small_accumulator())
+    assert r.max_rel_error <= 1e-4
+    assert _blocked(r.term) and grown[0] is False and grown[-1] is True
+    assert r.unbuildable and all("overflow" in u for u in r.unbuildable)
+
+
+@pytest.mark.parametrize("layer, shape, retried", [
+    ("GRU(4096, 4096)", (2, 4, 4096), True),    # 3 x 4096 < 16 Ki: whole vectors first, then blocks of 256
+    ("LSTM(3072, 3072)", (2, 4, 3072), True),
+    ("LSTM(4096, 4096)", (2, 4, 4096), False),  # its gates fill the accumulator: in blocks from the start
+    ("GRU(3000, 3000)", (2, 1, 3000), False),   # no block size (256 .. 16) divides 3000
+    ("Linear(64, 64)", (1, 64), False),
+])
+def test_only_a_cell_that_could_run_in_blocks_is_compiled_again_in_blocks(layer, shape, retried):
+    term = build_model([parse_layer(layer)], shape, values=False).term
+    systolic = get_target("systolic")
+    assert api._attempts(term, systolic) == [(True, False), (False, False)] + (
+        [(True, True), (False, True)] if retried else [])
 
 
 def _gate_and_stacked(nh: int):

@@ -3,7 +3,6 @@ checked against numpy. The large optimizations run once per module (fixtures).""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -182,10 +181,7 @@ def test_seed_changes_data_not_program():
 
 
 def test_weights_that_do_not_fit_are_streamed():
-    base = get_target("brainwave", 32)
-    mems = dict(base.memories)
-    mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=2 * 32 * 32 * 4)   # two tiles, W0 needs four
-    small = dataclasses.replace(base, memories=mems)
+    small = get_target("brainwave", 32).with_memory("bw.mrf", capacity=2 * 32 * 32 * 4)   # two tiles, W0 needs four
     r = optimize(["Linear(64, 64)"], (1, 64), target=small)
     _check_accuracy(r, (1, 64))
     assert r.weights["W0"] == "streamed"
@@ -200,9 +196,7 @@ def test_a_contraction_too_long_for_the_chip_is_streamed_through_a_fold():
     register file together: reduce-map-to-fold makes the reduction consume each product as it is
     computed (a Fold from a vector of zeros), and the input row is loaded a chunk at a time."""
     base = get_target("brainwave", 32)
-    mems = dict(base.memories)
-    mems["bw.vrf"] = dataclasses.replace(mems["bw.vrf"], capacity=16 * 32 * 4)
-    small = dataclasses.replace(base, memories=mems)
+    small = base.with_memory("bw.vrf", capacity=16 * 32 * 4)
     r = optimize(["MatMul(1024, 32)"], (2, 1024), target=small)
     _check_accuracy(r, (2, 32))
     folds = [t for t in r.term.walk() if t.op == "Fold"]
@@ -220,10 +214,8 @@ def test_a_folds_steps_are_double_buffered_where_memory_allows():
     base = get_target("brainwave", 32)
     runs = {}
     for tiles in (1, 2):
-        mems = dict(base.memories)
-        mems["bw.vrf"] = dataclasses.replace(mems["bw.vrf"], capacity=16 * 32 * 4)
-        mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=tiles * 32 * 32 * 4)
-        runs[tiles] = optimize(["MatMul(1024, 32)"], (2, 1024), target=dataclasses.replace(base, memories=mems))
+        small = base.with_memory("bw.vrf", capacity=16 * 32 * 4).with_memory("bw.mrf", capacity=tiles * 32 * 32 * 4)
+        runs[tiles] = optimize(["MatMul(1024, 32)"], (2, 1024), target=small)
         _check_accuracy(runs[tiles], (2, 32))
         assert runs[tiles].program.memory_sizes["bw.mrf"] == tiles * 32 * 32
     assert runs[1].term == runs[2].term
@@ -298,10 +290,7 @@ def test_weights_that_fit_alone_but_not_together_are_pinned_within_a_budget(monk
     fits in any share extraction is retried with (a quarter), but pinned together at setup they
     overflow it. The retry with a budget of three quarters for pinned constants pins three and
     reads the other two where they are used, faster than the last retry, which pins none."""
-    base = get_target("brainwave", 32)
-    mems = dict(base.memories)
-    mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=4 * 32 * 32 * 4)
-    small = dataclasses.replace(base, memories=mems)
+    small = get_target("brainwave", 32).with_memory("bw.mrf", capacity=4 * 32 * 32 * 4)
     r = optimize(["Linear(32, 32)", "ReLU()"] * 5, (1, 32), target=small)
     _check_accuracy(r, (1, 32))
     weights = [r.weights[f"W{2 * i}"] for i in range(5)]
@@ -320,10 +309,7 @@ def test_pinned_budgets_are_tried_after_less_room_per_value_has_no_program(monke
     accumulator per value there is no program at all. The budgets for pinned constants are
     still tried (at the last room that had a program), and one pins part of the biases. No
     extraction runs twice: each budget starts from the program found without one."""
-    base = get_target("systolic")
-    mems = dict(base.memories)
-    mems["gm.acc"] = dataclasses.replace(mems["gm.acc"], capacity=10 * 64 * 4)
-    small = dataclasses.replace(base, memories=mems)
+    small = get_target("systolic").with_memory("gm.acc", capacity=10 * 64 * 4)
     runs, real = [], api.extract
 
     def counted(graph, target, extractor="greedy", time_limit=10.0, unpinned=frozenset()):

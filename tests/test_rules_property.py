@@ -23,14 +23,14 @@ from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator
 from extraction.greedy import GraphView, extract_greedy
 from egraph_rules.algorithmic_rules import algorithmic_rules, staging_rules
-from egraph_rules.dsl_rules import band_rules, dsl_rules, lstm_cell_rules
+from egraph_rules.dsl_rules import band_rules, cell_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
 from liftsat.targets import get_target
 
 NATIVE = 4
 TARGET = get_target("brainwave", NATIVE)
 #: the rules liftsat.api.rules_for gives, with capacity guards small enough for tiny examples
-RULES = dsl_rules() + band_rules(resident=64) + lstm_cell_rules(256, NATIVE) + algorithmic_rules((NATIVE,), resident=64, pinnable=1) + hardware_rules(
+RULES = dsl_rules() + band_rules(resident=64) + cell_rules(256, NATIVE) + algorithmic_rules((NATIVE,), resident=64, pinnable=1) + hardware_rules(
     TARGET.device_ops(), NATIVE) + staging_rules({"mesh": "stage"}, NATIVE)
 RULES_BY_NAME = {r.name: r for r in RULES}
 MEANINGS = {op.name: op.meaning for op in TARGET.device_ops()}

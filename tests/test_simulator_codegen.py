@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -219,21 +218,15 @@ def test_unknown_instruction_kind_is_an_error():
 # ---------------------------------------------------------------- codegen errors
 
 
-def _with_memory(space: str, capacity: int):
-    mems = dict(TARGET.memories)
-    mems[space] = dataclasses.replace(mems[space], capacity=capacity)
-    return dataclasses.replace(TARGET, memories=mems)
-
-
 def test_matrix_register_file_overflow():
-    tiny = _with_memory(MRF, N * N * 4 - 4)          # one float short of a native tile
+    tiny = TARGET.with_memory(MRF, capacity=N * N * 4 - 4)          # one float short of a native tile
     with pytest.raises(CodegenError, match="overflow"):
         generate(pinned_mvmul_program(), tiny)
-    generate(pinned_mvmul_program(), _with_memory(MRF, N * N * 4))   # exactly one tile fits
+    generate(pinned_mvmul_program(), TARGET.with_memory(MRF, capacity=N * N * 4))   # exactly one tile fits
 
 
 def test_vector_register_file_overflow():
-    tiny = _with_memory(VRF, 64)
+    tiny = TARGET.with_memory(VRF, capacity=64)
     generate(relu_program(2 * N), tiny)                                 # 16 elements fit
     with pytest.raises(CodegenError, match="overflow"):
         generate(relu_program(4 * N), tiny)                             # 32 do not
@@ -248,7 +241,7 @@ def test_a_stage_whose_loop_overflows_streams_after_what_came_before():
     second = T("Map", comp(dev("v_relu"), T("ToChip", VRF, V(N))), rows)
     term = T("App", comp(T("ToOutput", M(rows, N)), second, first), T("Var", "x", M(rows, N)))
     # room for the first stage (input and result), the second's result, and one element short of its row
-    program = generate(term, _with_memory(VRF, (3 * rows * N + N - 1) * 4))
+    program = generate(term, TARGET.with_memory(VRF, capacity=(3 * rows * N + N - 1) * 4))
     assert program.histogram() == {"v_rd": 2 * rows, "v_relu": 2 * rows, "v_wr": 2 * rows}
     x = np.random.default_rng(3).standard_normal((rows, N)).astype(np.float32)
     run, timing = both(program, {"x": x})
@@ -365,7 +358,7 @@ def test_buffers_whose_lifetimes_do_not_overlap_share_memory():
     term = T("App", comp(T("ToOutput", V(N)), dev("v_relu"), dev("v_relu"), dev("v_relu"), T("ToChip", VRF, V(N))), x)
     roomy = generate(term, TARGET)
     assert roomy.memory_sizes[VRF] == 4 * N
-    program = generate(term, _with_memory(VRF, 2 * N * 4))
+    program = generate(term, TARGET.with_memory(VRF, capacity=2 * N * 4))
     assert program.memory_sizes[VRF] == 2 * N
     writes = [ins.dst.addr.base for ins in program.body if ins.dst.space == VRF]
     assert writes == [0, N, 0, N]                                       # load, relu, relu, relu
@@ -374,7 +367,7 @@ def test_buffers_whose_lifetimes_do_not_overlap_share_memory():
     np.testing.assert_array_equal(run.output, np.maximum(xv, 0))
     assert run.cycles == timing.cycles
     with pytest.raises(CodegenError, match="overflow: the program needs 32 bytes with buffers sharing memory"):
-        generate(term, _with_memory(VRF, 2 * N * 4 - 4))
+        generate(term, TARGET.with_memory(VRF, capacity=2 * N * 4 - 4))
 
 
 def tile_products(tiles: int) -> Term:
@@ -388,10 +381,6 @@ def tile_products_program(tiles: int) -> Term:
     return T("App", comp(T("ToOutput", M(tiles, N)), tile_products(tiles)), T("Var", "Ws", M(tiles * N, N)))
 
 
-def _with_dram_latency(target, latency: int):
-    return dataclasses.replace(target, dram=dataclasses.replace(target.dram, latency=latency))
-
-
 @pytest.mark.parametrize("latency,room,per_iteration", [(1, 3, True), (100, 3, False), (1, 2, False)])
 def test_loads_that_stream_get_a_buffer_per_iteration_where_they_fit(latency, room, per_iteration):
     """A tile load that takes at least its latency to transfer (16 elements at 64 bytes per cycle:
@@ -399,8 +388,8 @@ def test_loads_that_stream_get_a_buffer_per_iteration_where_they_fit(latency, ro
     the previous iteration's product to read its tile; a load shorter than its latency, or tiles
     that do not all fit, keep one buffer. The products are right either way."""
     tiles = 3
-    target = _with_memory(MRF, room * N * N * 4)
-    program = generate(tile_products_program(tiles), _with_dram_latency(target, latency))
+    target = TARGET.with_memory(MRF, capacity=room * N * N * 4).with_memory("dram", latency=latency)
+    program = generate(tile_products_program(tiles), target)
     loads = [ins for ins in program.body[0].body if ins.mnemonic == "m_rd"]
     assert len(loads) == 1 and isinstance(program.body[0], Loop)
     assert bool(loads[0].dst.addr.terms) == per_iteration
@@ -420,7 +409,7 @@ def test_a_program_that_fits_only_without_buffers_per_iteration_is_compiled_agai
     pinned = T("Const", T("App", T("ToChip", MRF, M(N, N)), T("Var", "W2", M(N, N))), V(N))
     second = T("Map", comp(dev("mv_mul"), T("Fork", pinned, T("Id", V(N)))), tiles)
     term = T("App", comp(T("ToOutput", M(tiles, N)), second, tile_products(tiles)), T("Var", "Ws", M(tiles * N, N)))
-    target = _with_dram_latency(_with_memory(MRF, tiles * N * N * 4), 1)
+    target = TARGET.with_memory(MRF, capacity=tiles * N * N * 4).with_memory("dram", latency=1)
     program = generate(term, target)
     assert program.memory_sizes[MRF] == 2 * N * N
     assert not program.body[0].body[0].dst.addr.terms                   # the tiles' one buffer
@@ -440,7 +429,7 @@ def test_a_value_each_iteration_stores_gets_a_buffer_per_iteration_where_they_fi
     rows = 6
     body = comp(T("ToOutput", V(N)), dev("v_relu"), T("ToChip", VRF, V(N)))
     term = T("App", comp(T("Map", body, rows), T("Split", N, V(rows * N))), T("Var", "x", V(rows * N)))
-    program = generate(term, _with_memory(VRF, room * N * 4))
+    program = generate(term, TARGET.with_memory(VRF, capacity=room * N * 4))
     loop = next(item for item in program.body if isinstance(item, Loop))
     relu = next(ins for ins in loop.body if ins.mnemonic == "v_relu")
     assert bool(relu.dst.addr.terms) == per_iteration
@@ -468,7 +457,7 @@ def test_a_map_of_dependent_ops_on_one_unit_is_compiled_stage_by_stage_where_it_
     loop the compile without per-iteration buffers gives. Where the sums' buffer does not fit
     (20 vectors: X, Y, the output and one sum), the one loop. Same output either way."""
     rows = 6
-    target = _with_memory(VRF, room * N * 4)
+    target = TARGET.with_memory(VRF, capacity=room * N * 4)
     program = generate(relu_of_sums_program(rows), target)
     loops = [item for item in program.body if isinstance(item, Loop)]
     ops = [[ins.mnemonic for ins in loop.body if isinstance(ins, Instr)] for loop in loops]

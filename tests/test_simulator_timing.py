@@ -9,7 +9,6 @@ seeded random programs in the shape code generation produces."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
@@ -254,10 +253,7 @@ def test_timing_only_work_does_not_grow_with_trip_counts():
 
 def _small_mrf(native: int, tiles: int):
     """brainwave with a matrix register file of `tiles` native tiles, so weights get streamed."""
-    base = get_target("brainwave", native)
-    mems = dict(base.memories)
-    mems["bw.mrf"] = dataclasses.replace(mems["bw.mrf"], capacity=tiles * native * native * 4)
-    return dataclasses.replace(base, memories=mems)
+    return get_target("brainwave", native).with_memory("bw.mrf", capacity=tiles * native * native * 4)
 
 
 @pytest.mark.parametrize("layers, shape, native, mrf_tiles, weights", [

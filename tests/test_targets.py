@@ -76,6 +76,29 @@ def test_unknown_target_names_the_choices():
 # ---------------------------------------------------------------- a target only a file describes
 
 
+def test_a_memory_can_be_resized_without_a_target_file():
+    base = get_target("systolic")
+    small = base.with_memory("gm.acc", capacity=4096).with_memory("dram", latency=7)
+    assert small.memories["gm.acc"].capacity == 4096 and small.result_capacity == 4096
+    assert small.dram.latency == 7 and small.dram.bandwidth == base.dram.bandwidth
+    assert list(small.memories) == list(base.memories)
+    assert {n: m for n, m in small.memories.items() if n != "gm.acc"} == {
+        n: m for n, m in base.memories.items() if n != "gm.acc"}
+    assert base.memories["gm.acc"].capacity == 65536 and base.result_capacity == 65536   # the original is kept
+
+
+@pytest.mark.parametrize("name, changes, words", [
+    ("gm.accumulator", {"capacity": 1024}, "systolic has no memory 'gm.accumulator'; its memories: dram, gm.sp"),
+    ("gm.acc", {"size": 1024}, "no 'size' to change; it has capacity, bandwidth, latency"),
+    ("gm.acc", {"capacity": 0}, "gm.acc.capacity must be an integer of at least 1, got 0"),
+    ("dram", {"latency": 1.5}, "dram.latency must be an integer of at least 0, got 1.5"),
+])
+def test_a_bad_memory_change_names_the_memory_and_the_field(name, changes, words):
+    with pytest.raises(TargetError) as info:
+        get_target("systolic").with_memory(name, **changes)
+    assert words in str(info.value)
+
+
 def test_vecmat_is_not_builtin_and_loads():
     assert "vecmat" not in BUILTIN
     t = get_target(str(VECMAT))
