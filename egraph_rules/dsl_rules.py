@@ -322,32 +322,31 @@ def _block_sizes(resident: int, native: int) -> list[int]:
     return ks
 
 
-def blocked_by_default(cell: Term, resident: int, native: int) -> bool | None:
-    """Whether `cell_rules` lowers this GRUCell or LSTMCell term in blocks of hidden units by
-    default (its gate vectors fill `resident` elements), and None when no block size divides its
-    hidden size, so it can only run over whole gate vectors."""
+def blocks_only_when_asked(cell: Term, resident: int, native: int) -> bool:
+    """Whether `cell_rules` lowers this GRUCell or LSTMCell term over whole gate vectors by
+    default (they do not fill `resident` elements) but in blocks of hidden units when asked to
+    (a block size divides its hidden size)."""
     state = cell.args[-1].args[1]
     nh = numel(state) // (2 if state.op == "TP" else 1)
-    if not any(nh % k == 0 for k in _block_sizes(resident, native)):
-        return None
-    return _GATES[cell.op] * nh >= resident
+    return _GATES[cell.op] * nh < resident and any(nh % k == 0 for k in _block_sizes(resident, native))
 
 
-def cell_rules(resident: int, native: int, fill: int | None = None) -> list[Rule]:
+def cell_rules(resident: int, native: int, blocked: bool = False) -> list[Rule]:
     """GRU and LSTM cells lowered to their gate arithmetic: over whole gate vectors, or, where
-    the gate vectors alone fill `fill` elements (by default `resident`, the result memory's),
-    block by block of k hidden units, k the largest of resident/64, resident/128, ... (at least
-    `native`) dividing the hidden size. The two are exclusive: the systolic array's LSTM(4096)
-    step over whole vectors needs 224 KiB of its 64 KiB accumulator, and the cost model, which
-    checks one value at a time, would rank it first. With fill 0, every cell that has a block
-    size runs in blocks (what a program that does not fit is compiled again with)."""
-    return [r for op in _CELLS for r in _cell_rules(op, resident, native, resident if fill is None else fill)]
+    the gate vectors alone fill the result memory (`resident` elements; anywhere, when
+    `blocked`: what a program that does not fit is compiled again with), block by block of k
+    hidden units, k the largest of resident/64, resident/128, ... (at least `native`) dividing
+    the hidden size. The two are exclusive: the systolic array's LSTM(4096) step over whole
+    vectors needs 224 KiB of its 64 KiB accumulator, and the cost model, which checks one value
+    at a time, would rank it first."""
+    return [r for op in _CELLS for r in _cell_rules(op, resident, native, 0 if blocked else resident)]
 
 
 @cache
 def _cell_rules(op: str, resident: int, native: int, fill: int) -> tuple[Rule, ...]:
-    """One cell's `cell_rules`, built once per size: writing and sharing the blocks' right-hand
-    sides takes 20-46 ms, and every compile asks for each target's rules."""
+    """One cell's `cell_rules`, in blocks where its gates take at least `fill` elements; built
+    once per size: writing and sharing the blocks' right-hand sides takes 20-46 ms, and every
+    compile asks for each target's rules."""
     lhs, whole_rhs, blocks_rhs, whole_doc, blocks_doc = _CELLS[op]
     gates, name = _GATES[op], op.lower()
     ks = _block_sizes(resident, native)

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from egraph_rules.hardware_rules import DeviceOp
 from egraph_rules.interpreter import BINARY, UNARY
 from egraph_rules.ir import DTYPE_BYTES, SCHEMA, T, Term, fout
-from hwmodels.target import LOAD_UNITS, LOADERS, OP_UNITS, Memory, OpSpec, Target, TargetError
+from hwmodels.target import LOAD_UNITS, LOADERS, MEMORY_LEAST, OP_UNITS, Memory, OpSpec, Target, TargetError
 
 Value = Term | int | float | str
 
@@ -180,7 +180,7 @@ class _Fields:
 
 def _memory(f: _Fields, name: str, names: Mapping[str, int], on_chip: bool) -> Memory:
     """DRAM or an on-chip memory; on-chip ones say how they are loaded."""
-    cap, bw, lat = f.number("capacity", names), f.number("bandwidth", names), f.number("latency", names, 0)
+    cap, bw, lat = (f.number(key, names, least) for key, least in MEMORY_LEAST.items())
     load = (f.text("load_mnemonic"), f.text("load_unit", LOAD_UNITS), f.optional_text("load_from", ""),
             f.optional_text("loader", "dma", LOADERS)) if on_chip else ()
     mem = Memory(name, cap, bw, lat, *load)

@@ -43,6 +43,9 @@ _PAID_ONCE = tuple(_COLD if u in OP_UNITS else _DRAIN if u == "issue" else i if 
 LOADERS = ("dma", "mvu", "mfu")
 #: what one load into an on-chip memory moves: a native vector (N elements) or tile (N x N)
 LOAD_UNITS = ("vector", "tile")
+#: a memory's numbers and the least each may be: capacity (bytes), bandwidth (bytes per cycle),
+#: latency (cycles)
+MEMORY_LEAST = {"capacity": 1, "bandwidth": 1, "latency": 0}
 
 
 def whole_units(shape: tuple[int, ...], n: int, tile: bool) -> bool:
@@ -134,12 +137,12 @@ class Target:
     def with_memory(self, name: str, **changes: int) -> Target:
         """This target with one memory's capacity, bandwidth or latency changed (`name` "dram"
         for DRAM): to explore memory sizes without writing a target file."""
-        least = {"capacity": 1, "bandwidth": 1, "latency": 0}
         for key, value in changes.items():
-            if key not in least:
-                raise TargetError(f"a memory has no {key!r} to change; it has {', '.join(least)}")
-            if not isinstance(value, int) or isinstance(value, bool) or value < least[key]:
-                raise TargetError(f"{self.name}: {name}.{key} must be an integer of at least {least[key]}, got {value!r}")
+            if key not in MEMORY_LEAST:
+                raise TargetError(f"a memory has no {key!r} to change; it has {', '.join(MEMORY_LEAST)}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < MEMORY_LEAST[key]:
+                raise TargetError(f"{self.name}: {name}.{key} must be an integer of at least {MEMORY_LEAST[key]}, "
+                                  f"got {value!r}")
         if name == "dram":
             return replace(self, dram=replace(self.dram, **changes))
         if name not in self.memories:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from egraph_rules.dsl_rules import blocked_by_default
+from egraph_rules.dsl_rules import blocks_only_when_asked
 from egraph_rules.ir import Term
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator, SaturationStats
 from extraction.alternatives import k_cheapest
@@ -320,7 +320,7 @@ def _attempts(term: Term, target: Target) -> list[tuple[bool, bool]]:
     with a cell that runs over whole vectors by default and has a block size."""
     splits = (True, False) if target.staging else (True,)
     resident = memory_guards(target).resident
-    blockable = any(blocked_by_default(n, resident, target.native_dim) is False
+    blockable = any(blocks_only_when_asked(n, resident, target.native_dim)
                     for n in term.walk() if n.op in ("GRUCell", "LSTMCell"))
     return [(split, blocked) for blocked in ((False, True) if blockable else (False,)) for split in splits]
 

@@ -52,7 +52,7 @@ def target_dsl_rules(target: Target, blocked_cells: bool = False) -> list[Rule]:
     cells lowered over whole gate vectors or, where they fill the result memory (or wherever a
     block size divides the hidden size, when `blocked_cells`), in blocks of hidden units."""
     g = memory_guards(target)
-    return band_rules(g.banded) + cell_rules(g.resident, target.native_dim, 0 if blocked_cells else None)
+    return band_rules(g.banded) + cell_rules(g.resident, target.native_dim, blocked_cells)
 
 
 def target_tiling_rules(target: Target) -> list[Rule]:

@@ -4,7 +4,6 @@ e-graph."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from egraph_rules.ir import T, comp, ta, tensor_type, tp, ts
