@@ -29,6 +29,11 @@ class CodegenError(RuntimeError):
     """The term cannot be turned into a program for this target (layout, capacity, op)."""
 
 
+class InputError(CodegenError):
+    """f cannot be applied to the value it gets, wherever its result goes: compiling it again
+    into another destination fails the same way, so it is not retried."""
+
+
 class CapacityError(CodegenError):
     """The program needs more of an on-chip memory than there is (`per_iteration`: with some
     loads or stored values given a buffer per iteration, `Codegen.per_iteration_buffer`)."""
@@ -533,7 +538,7 @@ class Codegen:
             try:
                 inner = self.apply(a[1], v)
                 return _view(a[0], inner, 0)
-            except CapacityError:  # laid out for the view, the result would overflow as well
+            except (CapacityError, InputError):  # laid out for the view, it would fail as well
                 raise
             except CodegenError:  # not a strided view of the result: lay the result out for it
                 self.restore(saved)
@@ -574,6 +579,8 @@ class Codegen:
                         return self.apply(a[0], self.apply(a[1], v, staged), dest)
                     except CapacityError:  # `generate` compiles again without per-iteration buffers
                         raise
+                    except InputError:  # into any buffer: it would fail as well
+                        raise
                     except CodegenError:  # f does not compute into a given buffer
                         self.restore(saved)
             return self.apply(a[0], self.apply(a[1], v), dest)
@@ -594,8 +601,8 @@ class Codegen:
         if op == "Pad":
             return self.pad_on_chip(f, v, dest)
         if op == "PadWith":
-            raise CodegenError(f"PadWith(fill {a[2]}) of a computed value: only the host pads with a fill value "
-                               f"(on chip, padding is a mask multiply, which makes zeros)")
+            raise InputError(f"PadWith(fill {a[2]}) of a computed value: only the host pads with a fill value "
+                             f"(on chip, padding is a mask multiply, which makes zeros)")
         if op == "Map" and dest is None and fout(a[0]).op == "TP":
             return self.place(f, v, self.storage(f))
         if op == "Map":
@@ -612,7 +619,7 @@ class Codegen:
             return self.restage(a[0], v, dest)
         if op in ("ToOutput", "ToDram"):
             return self.to_dram(v, dest)
-        raise CodegenError(f"{op} cannot run on {self.t.name}")
+        raise InputError(f"{op} cannot run on {self.t.name}")
 
     def map(self, body: Term, n: int, v: object, dest: Buf | None) -> Buf:
         """A loop; the body's re-indexing tail is applied to the whole result array instead,
@@ -840,15 +847,15 @@ class Codegen:
         left, right, t = f.args
         if not (isinstance(v, Buf) and v.host is None and v.space != "dram" and len(v.shape) == 1
                 and v.strides == (1,) and left == 0):
-            raise CodegenError("only a computed vector on chip can be zero padded, and only at its end")
+            raise InputError("only a computed vector on chip can be zero padded, and only at its end")
         n, total, native = v.shape[0], v.shape[0] + right, self.n
         if total % native:
-            raise CodegenError(f"padding {n} elements to {total} does not fill whole {native}-element vectors")
+            raise InputError(f"padding {n} elements to {total} does not fill whole {native}-element vectors")
         by_vector = next((o for o in self.t.ops if o.op.meaning.op == "VVMul" and o.op.result_space == v.space), None)
         by_matrix = next((o for o in self.t.ops if o.op.meaning.op == "MVMul" and o.op.result_space == v.space), None)
         op = by_vector or by_matrix
         if op is None:
-            raise CodegenError(f"{self.t.name} has no vector or matrix-vector multiply in {v.space} to zero padding with")
+            raise InputError(f"{self.t.name} has no vector or matrix-vector multiply in {v.space} to zero padding with")
         vec_t = ta(t.args[0], native)
         mask_t, mask_space = (vec_t, v.space) if op is by_vector else (ta(vec_t, native), op.op.operand_spaces[0])
         out = dest if dest is not None else self.allocate(v.space, (total,))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egraph_rules.ir import T, Term, comp, ta, tensor_type, tp, ts
-from hwmodels.codegen import CodegenError, _compiled, _placed, generate
+from hwmodels.codegen import CodegenError, Codegen, InputError, _compiled, _placed, generate
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
 from hwmodels.simulator import SimulationError, simulate
 from liftsat.targets import get_target
@@ -340,6 +340,21 @@ def test_host_pads_inputs_with_a_fill_value():
     computed = comp(T("ToOutput", V(N + 1)), T("PadWith", 0, 1, -np.inf, V(N)), dev("v_relu"), T("ToChip", VRF, V(N)))
     with pytest.raises(CodegenError, match=r"PadWith\(fill -inf\) of a computed value"):
         generate(T("App", computed, T("Var", "x", V(N))), TARGET)
+
+
+def test_a_pad_of_a_value_in_dram_is_refused_without_retrying_the_views_around_it(monkeypatch):
+    """A value stored to DRAM cannot be zero padded on chip, wherever the views around the pad
+    put its result: codegen names the pad and compiles it once, where it used to compile it
+    again for each enclosing view (exponentially, when those views dropped a destination: a
+    GRU(3000) step on the systolic array took over a minute per candidate program)."""
+    calls, pad_on_chip = [], Codegen.pad_on_chip
+    monkeypatch.setattr(Codegen, "pad_on_chip", lambda self, *a: calls.append(a) or pad_on_chip(self, *a))
+    n, views = 2 * N, [T("Join", M(3, N)), T("Split", N, V(3 * N))] * 10
+    f = comp(T("ToOutput", V(3 * N)), *views, T("Pad", 0, N, V(n)), T("ToDram", V(n)), T("Join", M(2, N)),
+             T("Map", dev("v_relu"), 2), T("Split", N, V(n)), T("ToChip", VRF, V(n)))
+    with pytest.raises(InputError, match="only a computed vector on chip can be zero padded"):
+        generate(T("App", f, T("Var", "x", V(n))), TARGET)
+    assert len(calls) == 1
 
 
 def test_pair_operands_come_from_both_register_files():
