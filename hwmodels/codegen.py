@@ -577,9 +577,7 @@ class Codegen:
                 if staged is not None:
                     try:
                         return self.apply(a[0], self.apply(a[1], v, staged), dest)
-                    except CapacityError:  # `generate` compiles again without per-iteration buffers
-                        raise
-                    except InputError:  # into any buffer: it would fail as well
+                    except (CapacityError, InputError):  # `generate` recompiles an overflow; f fails anywhere
                         raise
                     except CodegenError:  # f does not compute into a given buffer
                         self.restore(saved)
