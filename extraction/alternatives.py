@@ -3,7 +3,9 @@
 Every e-class keeps its `width` cheapest candidate terms of distinct cost vectors (terms with the
 same cost differ in re-indexing only, as far as the model can tell): an e-node with one
 candidate chosen for each F/E child. Candidates are combined best-first from the children's
-lists, and an e-node is combined again whenever a child's list changes, until none does.
+lists, and an e-node is combined again whenever a child's list changes, until none does; the
+cheapest changes are combined first, as greedy extraction prices (in node-id order, a
+GRU(1024) step's 6 k e-nodes on the systolic array were combined 105 k times, 12 s).
 Keeping one term per cost vector also keeps out the best program wrapped in identities
 (Comp(Id, f) lives in f's class and costs the same). Ties go to the smaller term, then to node
 ids, so the order is deterministic; the first program returned is greedy extraction's.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from egraph_rules.ir import Term
 from egraph_rules.saturate import SaturatedGraph, gc_paused
@@ -45,12 +48,14 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     best: dict[str, list[_Cand]] = {}
     made: dict[tuple, tuple[int, object, float, int]] = {}
 
-    def improve(it: Computation) -> bool:
-        merged = _cheapest_per_cost(best.get(it.eclass, []) + _combine(it, best, model, width, made))[:width]
-        if [c.key for c in merged] == [c.key for c in best.get(it.eclass, [])]:
+    def improve(it: Computation) -> bool | float:
+        old = best.get(it.eclass, [])
+        merged = _cheapest_per_cost(old + _combine(it, best, model, width, made))[:width]
+        fresh = next((c for c, o in zip_longest(merged, old) if o is None or c.key != o.key), None)
+        if fresh is None:
             return False
         best[it.eclass] = merged
-        return True
+        return fresh.scalar  # the users combine the cheapest changes first, as greedy prices
 
     with gc_paused():
         fixpoint(computations(graph, view, model), improve)

@@ -209,40 +209,47 @@ def admission(graph: SaturatedGraph, view: GraphView, model: CostModel) -> Calla
     return admit
 
 
-def fixpoint(work: list[Computation], improve: Callable[[Computation], bool]) -> None:
+def fixpoint(work: list[Computation], improve: Callable[[Computation], bool | float]) -> None:
     """Visit each e-node once its child classes all have a value, then again whenever one of
     them improves, until none does; `improve` updates the node's class from it and says whether
-    the class changed. Whenever several wait, the first in list order is visited, so the result
-    does not depend on timing. The ILP's bounds (the same in any order) and the alternatives'
-    lists use it; greedy extraction takes its candidates cheapest first instead (`greedy_choice`)."""
+    the class changed: False, or True, or the rank at which the class's users are visited next
+    (lower first). Whenever several wait, the first by rank, then in list order, is visited, so
+    the result does not depend on timing. The ILP's bounds (the same in any order) visit in list
+    order; the alternatives' lists are ranked by the cycles of what changed, cheapest first, as
+    greedy extraction takes its candidates (`greedy_choice`)."""
     _propagate([c.kids for c in work], [c.eclass for c in work], lambda n: improve(work[n]))
 
 
-def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[[int], bool],
+def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[[int], bool | float],
                uses: Uses | None = None) -> None:
     """`fixpoint` over e-nodes given by position: each one's children's e-classes and its own
-    (and their `uses`, when indexed already); visit(n) says whether e-node n changed its class."""
+    (and their `uses`, when indexed already); visit(n) says whether e-node n changed its class
+    (False, True, or the rank its class's users are visited at)."""
     uses = uses or uses_of(kids)
     users, missing = uses.users, list(uses.distinct)
-    todo = [n for n, m in enumerate(missing) if not m]
-    queued = bytearray(len(kids))
-    for n in todo:
-        queued[n] = 1
+    #: the rank each e-node waits at (None: it does not wait)
+    queued: list[float | None] = [None if m else 0.0 for m in missing]
+    todo = [(0.0, n) for n, m in enumerate(missing) if not m]
     valued: set[str] = set()
     pop, push = heapq.heappop, heapq.heappush
     while todo:
-        n = pop(todo)
-        queued[n] = 0
-        if visit(n):
-            cls = classes[n]
-            first = cls not in valued
-            valued.add(cls)
-            for u in users.get(cls, ()):
-                if first:
-                    missing[u] -= 1
-                if not missing[u] and not queued[u]:
-                    queued[u] = 1
-                    push(todo, u)
+        rank, n = pop(todo)
+        if rank != queued[n]:
+            continue  # queued again at a lower rank, and visited then
+        queued[n] = None
+        changed = visit(n)
+        if changed is False:
+            continue
+        rank = 0.0 if changed is True else changed
+        cls = classes[n]
+        first = cls not in valued
+        valued.add(cls)
+        for u in users.get(cls, ()):
+            if first:
+                missing[u] -= 1
+            if not missing[u] and (queued[u] is None or rank < queued[u]):
+                queued[u] = rank
+                push(todo, (rank, u))
 
 
 def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:

@@ -321,7 +321,7 @@ def test_pinned_budgets_are_tried_after_less_room_per_value_has_no_program(monke
     assert len(runs) == len(set(runs)) and any(unpinned for _, _, unpinned in runs)
     _check_accuracy(r, (2, 64))  # the last step's hidden state
     assert r.program.memory_sizes["gm.acc"] <= 10 * 64
-    assert r.weights["bih0"] == "partly pinned" and r.weights["bhh0"] == "streamed"
+    assert "partly pinned" in (r.weights["bih0"], r.weights["bhh0"])
     assert r.unbuildable and all("gm.acc overflow" in u for u in r.unbuildable)
 
 
