@@ -154,6 +154,20 @@ def _max_per_block(blocks: np.ndarray, values: np.ndarray, size: int) -> tuple[n
     return idx, best[idx]
 
 
+def _earlier(arr: np.ndarray, idx: np.ndarray, written: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """arr's entries at idx as they were before period 0: `written` holds the blocks period 0
+    wrote, sorted, with the least value each had before (`_Machine._state_before`; None: it
+    wrote none of arr)."""
+    vals = arr[idx]
+    if written is None or not written[0].size:
+        return vals
+    blocks, least = written
+    pos = np.minimum(np.searchsorted(blocks, idx), blocks.size - 1)
+    hit = blocks[pos] == idx
+    vals[hit] = np.minimum(vals[hit], least[pos[hit]])
+    return vals
+
+
 def _progression(base: np.ndarray, beta: int, first: int, last: int) -> np.ndarray:
     """base + t*beta for t in first..last (one row per t, flattened)."""
     if beta == 0:
@@ -545,15 +559,16 @@ class _Machine:
                             return False
         return True
 
-    def _state_before(self, period: _Rec) -> dict[tuple, np.ndarray]:
-        """Per (memory, array) that period 0 wrote: the array as it was before period 0 (S0).
-        Entries only grow, so an entry's value before its first write is the least of the
-        values it had before each of its writes, and of its value now."""
+    def _state_before(self, period: _Rec) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+        """Per (memory, array) that period 0 wrote: the blocks it wrote, sorted, and the least
+        value each had before its writes, which is its value before period 0 (S0; entries only
+        grow). Elsewhere S0 is the array as it is now (`_earlier`): copying whole arrays, the
+        DRAM's among them, took most of the time of long simulations."""
         before = {}
-        for (space, kind), lst in period.undo.items():
-            arr = ((self.ready if kind == _READY else self.lastread)[space]).copy()
-            np.minimum.at(arr, np.concatenate([b for b, _ in lst]), np.concatenate([o for _, o in lst]))
-            before[(space, kind)] = arr
+        for (space, kind), lst in period.undo.items():  # the least old value: the largest negated
+            blocks, least = _max_per_block(np.concatenate([b for b, _ in lst]),
+                                           -np.concatenate([o for _, o in lst]), self.ready[space].size)
+            before[(space, kind)] = (blocks, -least)
         return before
 
     def _periodic_periods(self, reads, future, betas, before, delta, lim0, lim1, m) -> int:
@@ -565,7 +580,7 @@ class _Machine:
             arr = (self.ready if kind == _READY else self.lastread)[space]
             beta = betas[terms]
             now = arr[x]
-            then = before.get((space, kind), arr)[x - beta]
+            then = _earlier(arr, x - beta, before.get((space, kind)))
             ok = (now == then + delta) | ((now < lim1) & (then < lim0))
             if ok.all():
                 continue
