@@ -120,7 +120,7 @@ def test_alternatives_combine_each_enode_about_three_times_to_a_fixpoint(monkeyp
     found = alternatives.k_cheapest(graph, graph.roots["root"], model, 5)
     (work, improve, visits), = runs
     assert len(work) > 3000 and visits < 4 * len(work)
-    assert not any(improve(it) for it in work)
+    assert all(improve(it) is False for it in work)  # a change returns its rank, which may be 0.0
     assert found[0].term == extract_greedy(graph, graph.roots["root"], model).term
     assert [f.cycles for f in found] == sorted(f.cycles for f in found)
 
