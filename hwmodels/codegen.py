@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
-from hwmodels.memory_plan import Buffer, PlanError, innermost, share_memory
+from hwmodels.memory_plan import Buffer, PlanError, innermost, memory_sizes, plans, relocate
 from hwmodels.store_deferral import defer_stores
 from hwmodels.target import OpSpec, Target, whole_units
 
@@ -1086,12 +1086,11 @@ def _placed(compiled: Program | _Unplaced, target: Target, stored_live: bool) ->
         for spans in (cg.double, innermost(laid_out, cg.double), {}):  # distinct plans, one at a time until one fits
             if spans not in tries:
                 tries.append(spans)
-        for largest_first in (False, True):
-            for spans in tries:
-                program = share_memory(laid_out, cg.buffers, spans, largest_first, stored_live)
-                need = {s: program.memory_sizes.get(s, 0) * 4 for s in target.memories}
-                if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
-                    return program
+        for where, needs in plans(laid_out, cg.buffers, tries, stored_live):
+            sizes = memory_sizes(laid_out, needs)
+            need = {s: sizes.get(s, 0) * 4 for s in target.memories}
+            if all(need[s] <= mem.capacity for s, mem in target.memories.items()):
+                return relocate(laid_out, where, needs)
     except PlanError:
         raise compiled.overflow from None
     space = next(s for s, mem in target.memories.items() if need[s] > mem.capacity)

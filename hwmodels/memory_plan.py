@@ -5,6 +5,7 @@ memory (a recurrent step's temporaries, the stages of a stack), as a register al
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from hwmodels.isa import Affine, Block, Loop, Operand, Program, map_operands
@@ -153,7 +154,24 @@ def place(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | No
     placed among large ones in order of use can leave gaps no large one fits, as in a GRU(2816)
     step on systolic, 16,896 elements placed in order of use, 14,080, its live peak, largest
     first), and the memory each space then needs (`spans`, `stored_live`: see `lifetimes`)."""
-    live = lifetimes(program, buffers, spans, stored_live)
+    return _first_fit(lifetimes(program, buffers, spans, stored_live), buffers, largest_first)
+
+
+def plans(program: Program, buffers: list[Buffer], tries: list[dict[Buffer, int]],
+          stored_live: bool = False) -> Iterator[tuple[dict[Buffer, int], dict[str, int]]]:
+    """`place`'s plans for each of `tries` (spans) in order of use, then for each largest first,
+    lazily: a caller stops at the first that fits, and each try's lifetimes are worked out once."""
+    lives: dict[int, dict[Buffer, tuple[int, int]]] = {}
+    for largest_first in (False, True):
+        for k, spans in enumerate(tries):
+            if k not in lives:
+                lives[k] = lifetimes(program, buffers, spans, stored_live)
+            yield _first_fit(lives[k], buffers, largest_first)
+
+
+def _first_fit(live: dict[Buffer, tuple[int, int]], buffers: list[Buffer],
+               largest_first: bool) -> tuple[dict[Buffer, int], dict[str, int]]:
+    """`place` given the regions' lifetimes."""
     placed: dict[str, list[tuple[int, int, int, int]]] = {}
     where: dict[Buffer, int] = {}
     needs: dict[str, int] = {b.space: 0 for b in buffers}
@@ -173,6 +191,12 @@ def place(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | No
     return where, needs
 
 
+def memory_sizes(program: Program, needs: dict[str, int]) -> dict[str, int]:
+    """The elements each space holds once its regions are placed as `needs` says (a space no
+    region was placed in keeps its size)."""
+    return {**program.memory_sizes, **{s: max(n, 1) for s, n in needs.items()}}
+
+
 def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) -> Program:
     """The program with every on-chip operand moved with its region to the region's new start,
     and each space sized to what it needs."""
@@ -185,13 +209,5 @@ def relocate(program: Program, where: dict[Buffer, int], needs: dict[str, int]) 
         region = keys[_holder(keys, op.space, op.addr.base)]
         return replace(op, addr=Affine(op.addr.base + shift[region], op.addr.terms))
 
-    sizes = {**program.memory_sizes, **{s: max(n, 1) for s, n in needs.items()}}
     return replace(program, setup=map_operands(program.setup, move), body=map_operands(program.body, move),
-                   memory_sizes=sizes)
-
-
-def share_memory(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | None = None,
-                 largest_first: bool = False, stored_live: bool = False) -> Program:
-    """The program with regions whose lifetimes do not overlap sharing memory (`spans`,
-    `stored_live`: see `lifetimes`; `largest_first`: see `place`)."""
-    return relocate(program, *place(program, buffers, spans, largest_first, stored_live))
+                   memory_sizes=memory_sizes(program, needs))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hwmodels import memory_plan
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
-from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, place, share_memory
+from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, place, plans, relocate
 
 S = "chip"
 
@@ -82,11 +83,11 @@ def test_largest_first_leaves_no_gap_a_small_buffer_splits():
         for b in buffers:
             if a != b and live[a][0] <= live[b][1] and live[b][0] <= live[a][1]:
                 assert where[a] + a.size <= where[b] or where[b] + b.size <= where[a]
-    assert share_memory(prog, buffers, largest_first=True).memory_sizes[S] == 12
+    assert relocate(prog, *place(prog, buffers, largest_first=True)).memory_sizes[S] == 12
 
 
-def test_share_memory_moves_every_operand_with_its_buffer():
-    moved = share_memory(PROGRAM, [PINNED, BEFORE, TEMP, ROWS, AFTER])
+def test_relocate_moves_every_operand_with_its_buffer():
+    moved = relocate(PROGRAM, *place(PROGRAM, [PINNED, BEFORE, TEMP, ROWS, AFTER]))
     assert moved.memory_sizes[S] == 20
     assert moved.body[2].dst.addr == Affine(8)                         # AFTER now at TEMP's place
     assert moved.body[1].body[1].dst.addr == Affine(12) + loop_var(0, 4)
@@ -100,7 +101,7 @@ def test_buffers_one_operand_reaches_across_move_together():
     buffers = [Buffer(S, 0, 4), Buffer(S, 4, 4), Buffer(S, 8, 4), Buffer(S, 12, 4)]
     live = lifetimes(across, buffers)
     assert live == {Buffer(S, 0, 8): (0, 2), Buffer(S, 8, 4): (2, 3), Buffer(S, 12, 4): (3, 3)}
-    moved = share_memory(across, buffers)
+    moved = relocate(across, *place(across, buffers))
     assert [i.dst.addr.base for i in moved.body] == [4, 0, 8, 0]
     assert moved.memory_sizes[S] == 12
 
@@ -120,7 +121,24 @@ def test_a_folds_two_steps_keep_their_buffers_apart():
     trip = Loop(0, 3, [ins(op(0), op(0)), ins(op(0), op(0)), ins(op(4), op(4)), ins(op(4), op(4))])
     steps = program([], [trip], 8)
     assert lifetimes(steps, [first, second]) == {first: (0, 1), second: (2, 3)}
-    assert share_memory(steps, [first, second]).memory_sizes[S] == 4
+    assert relocate(steps, *place(steps, [first, second])).memory_sizes[S] == 4
     spans = {first: 0, second: 0}
     assert lifetimes(steps, [first, second], spans) == {first: (0, 3), second: (0, 3)}
-    assert share_memory(steps, [first, second], spans).memory_sizes[S] == 8
+    assert relocate(steps, *place(steps, [first, second], spans)).memory_sizes[S] == 8
+
+
+def test_plans_are_place_for_each_try_in_order_of_use_then_largest_first(monkeypatch):
+    """`plans` gives what `place` gives for each try (spans), in order of first use and then
+    largest first, lazily (codegen stops at the first plan that fits), working out each try's
+    lifetimes once for both orders."""
+    first, second = Buffer(S, 0, 4), Buffer(S, 4, 4)
+    trip = Loop(0, 3, [ins(op(0), op(0)), ins(op(0), op(0)), ins(op(4), op(4)), ins(op(4), op(4))])
+    steps = program([], [trip], 8)
+    tries = [{first: 0, second: 0}, {}]
+    expected = [place(steps, [first, second], spans, largest) for largest in (False, True) for spans in tries]
+    assert [needs[S] for _, needs in expected] == [8, 4, 8, 4]
+    calls = []
+    monkeypatch.setattr(memory_plan, "lifetimes", lambda *a, **k: calls.append(a) or lifetimes(*a, **k))
+    lazy = plans(steps, [first, second], tries)
+    assert next(lazy) == expected[0] and len(calls) == 1
+    assert [expected[0], *lazy] == expected and len(calls) == len(tries)

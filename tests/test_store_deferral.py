@@ -9,7 +9,7 @@ import pytest
 
 from egraph_rules.ir import T, tensor_type
 from hwmodels.isa import Affine, HostBuffer, Instr, Loop, Operand, Program
-from hwmodels.memory_plan import Buffer, lifetimes, share_memory
+from hwmodels.memory_plan import Buffer, lifetimes, place, relocate
 from hwmodels.simulator import simulate
 from hwmodels.store_deferral import _loop_vars, defer_stores
 from liftsat import optimize
@@ -152,10 +152,10 @@ def test_what_a_loops_stores_read_is_kept_apart_for_them_to_wait():
     program = hand_program([loop], N * G)
     assert lifetimes(program, [loaded, temp, stored])[stored] == (2, 3)
     assert lifetimes(program, [loaded, temp, stored], stored_live=True)[stored] == (0, 3)
-    shared = share_memory(program, [loaded, temp, stored])
+    shared = relocate(program, *place(program, [loaded, temp, stored]))
     assert shared.body[0].body[3].srcs[0].addr == Affine(0)     # where the next load writes
     assert defer_stores(shared.body) == shared.body
-    kept = share_memory(program, [loaded, temp, stored], stored_live=True)
+    kept = relocate(program, *place(program, [loaded, temp, stored], stored_live=True))
     assert kept.memory_sizes["buf"] == 3 * G
     rotated = defer_stores(kept.body)
     assert [i.mnemonic for i in rotated[3].body] == ["LD", "RELU", "ST", "RELU"]
