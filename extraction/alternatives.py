@@ -14,12 +14,14 @@ ids, so the order is deterministic; the first program returned is greedy extract
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import zip_longest
 
 from egraph_rules.ir import Term
 from egraph_rules.saturate import SaturatedGraph, gc_paused
-from extraction.greedy import INF, Computation, CostModel, Extracted, GraphView, computations, extract_greedy, fixpoint
+from extraction.greedy import (INF, Computation, CostModel, Extracted, GraphView, combiner_of, computations,
+                               extract_greedy, fixpoint)
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,13 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     view = GraphView(graph)
     best: dict[str, list[_Cand]] = {}
     made: dict[tuple, tuple[int, object, float, int]] = {}
+    combiner, combines = combiner_of(model), {}
 
     def improve(it: Computation) -> bool | float:
         old = best.get(it.eclass, [])
-        merged = _cheapest_per_cost(old + _combine(it, best, model, width, made))[:width]
+        if it.nid not in combines:
+            combines[it.nid] = combiner(it.op, it.args, len(it.kids))
+        merged = _cheapest_per_cost(old + _combine(it, combines[it.nid], best, model, width, made))[:width]
         fresh = next((c for c, o in zip_longest(merged, old) if o is None or c.key != o.key), None)
         if fresh is None:
             return False
@@ -64,12 +69,13 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     return [head] + [Extracted(_term(c, view), c.cost, c.scalar) for c in rest[: k - 1]]
 
 
-def _combine(it: Computation, best: dict[str, list[_Cand]], model: CostModel, width: int,
-             made: dict[tuple, tuple[int, object, float, int]]) -> list[_Cand]:
+def _combine(it: Computation, combine: Callable[[list[object]], object], best: dict[str, list[_Cand]],
+             model: CostModel, width: int, made: dict[tuple, tuple[int, object, float, int]]) -> list[_Cand]:
     """The node's `width` cheapest candidates: choices of child candidates explored best-first
-    from (0, 0, ...). `made` numbers distinct terms (an e-node and its children's numbers), so
-    comparing candidates is cheap, and keeps each one's cost, cycles and size: a node is
-    combined again whenever a child's list changes, mostly from the same child candidates."""
+    from (0, 0, ...), priced by `combine` (the node's cost from its children's). `made` numbers
+    distinct terms (an e-node and its children's numbers), so comparing candidates is cheap, and
+    keeps each one's cost, cycles and size: a node is combined again whenever a child's list
+    changes, mostly from the same child candidates."""
     lists = [best[c] for c in it.kids]
     scalars = [[c.scalar for c in lst] for lst in lists]
     sizes = [[c.size for c in lst] for lst in lists]
@@ -83,7 +89,7 @@ def _combine(it: Computation, best: dict[str, list[_Cand]], model: CostModel, wi
         term = (it.nid,) + tuple(c.key for c in chosen)
         entry = made.get(term)
         if entry is None:
-            cost = model.node(it.op, it.args, [c.cost for c in chosen])
+            cost = combine([c.cost for c in chosen])
             entry = made[term] = (len(made), cost, model.scalar(cost), 1 + sum(c.size for c in chosen))
         key, cost, scalar, size = entry
         out.append(_Cand(scalar, size, key, it.nid, idx, chosen, cost))

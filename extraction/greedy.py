@@ -252,6 +252,12 @@ def _propagate(kids: list[tuple[str, ...]], classes: list[str], visit: Callable[
                 push(todo, (rank, u))
 
 
+def combiner_of(model: CostModel) -> Callable[[str, tuple, int], Callable[[list[Any]], Any]]:
+    """`model.combiner` (an e-node's cost as a function of its children's, what does not depend on
+    them worked out once), or `model.node` with the e-node bound for a model that has none."""
+    return getattr(model, "combiner", None) or (lambda op, args, nkids: partial(model.node, op, args))
+
+
 def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
     """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost).
 
@@ -271,7 +277,7 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
     ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
     users, missing = graph.functions.uses.users, list(graph.functions.uses.distinct)
     admit, scalar = admission(graph, view, model), model.scalar
-    combiner = getattr(model, "combiner", None) or (lambda op, args, nkids: partial(model.node, op, args))
+    combiner = combiner_of(model)
     made: dict[tuple, Callable[[list[Any]], Any]] = {}
     #: each e-node's cost as a function of its children's (None: not decoded yet; False: left out)
     costs: list[Callable[[list[Any]], Any] | bool | None] = [None] * len(ids)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
-from hwmodels.memory_plan import Buffer, PlanError, innermost, memory_sizes, plans, relocate
+from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, live_peak, memory_sizes, plans, relocate
 from hwmodels.store_deferral import defer_stores
 from hwmodels.target import OpSpec, Target, whole_units
 
@@ -1083,6 +1083,11 @@ def _placed(compiled: Program | _Unplaced, target: Target, stored_live: bool) ->
         raise compiled.overflow
     tries: list[dict[Buffer, int]] = []
     try:
+        least = {s: n * 4 for s, n in live_peak(lifetimes(laid_out, cg.buffers)).items()}
+        space = next((s for s, mem in target.memories.items() if least.get(s, 0) > mem.capacity), None)
+        if space is not None:  # every plan keeps these apart, or more (longer lifetimes)
+            raise CapacityError(f"{space} overflow: the program has {least[space]} bytes live at once, capacity "
+                                f"{target.memories[space].capacity}", compiled.overflow.per_iteration)
         for spans in (cg.double, innermost(laid_out, cg.double), {}):  # distinct plans, one at a time until one fits
             if spans not in tries:
                 tries.append(spans)

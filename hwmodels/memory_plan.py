@@ -157,6 +157,22 @@ def place(program: Program, buffers: list[Buffer], spans: dict[Buffer, int] | No
     return _first_fit(lifetimes(program, buffers, spans, stored_live), buffers, largest_first)
 
 
+def live_peak(live: dict[Buffer, tuple[int, int]]) -> dict[str, int]:
+    """The most elements of each space the regions live at one time hold: no placement of them
+    (by these or by longer lifetimes) needs less."""
+    events: dict[str, list[tuple[int, int]]] = {}
+    for region, (first, last) in live.items():
+        events.setdefault(region.space, []).extend(((first, region.size), (last + 1, -region.size)))
+    out = {}
+    for space, evs in events.items():
+        held = top = 0
+        for _, size in sorted(evs, key=lambda e: (e[0], e[1])):
+            held += size
+            top = max(top, held)
+        out[space] = top
+    return out
+
+
 def plans(program: Program, buffers: list[Buffer], tries: list[dict[Buffer, int]],
           stored_live: bool = False) -> Iterator[tuple[dict[Buffer, int], dict[str, int]]]:
     """`place`'s plans for each of `tries` (spans) in order of use, then for each largest first,

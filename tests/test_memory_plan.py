@@ -6,7 +6,7 @@ import pytest
 
 from hwmodels import memory_plan
 from hwmodels.isa import Affine, Instr, Loop, Operand, Program, loop_var
-from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, place, plans, relocate
+from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, live_peak, place, plans, relocate
 
 S = "chip"
 
@@ -142,3 +142,16 @@ def test_plans_are_place_for_each_try_in_order_of_use_then_largest_first(monkeyp
     lazy = plans(steps, [first, second], tries)
     assert next(lazy) == expected[0] and len(calls) == 1
     assert [expected[0], *lazy] == expected and len(calls) == len(tries)
+
+
+def test_live_peak_is_what_no_placement_needs_less_than():
+    """The most the regions live at one time hold: `place` never needs less, in either order,
+    nor with lifetimes made longer (codegen gives up on a program over capacity here)."""
+    x, small, y, z, w = Buffer(S, 0, 4), Buffer(S, 4, 1), Buffer(S, 5, 4), Buffer(S, 9, 4), Buffer(S, 13, 4)
+    prog = program([], [ins(op(0)), ins(op(5), op(4, 1)), ins(op(5), op(0)), ins(op(9), op(5), op(13)),
+                        ins(op(13), op(9))], 17)
+    buffers = [x, small, y, z, w]
+    live = lifetimes(prog, buffers)
+    assert live_peak(live) == {S: 12}                  # y, z and w at instruction 3 (x is dead by then)
+    assert all(place(prog, buffers, largest_first=f)[1][S] >= 12 for f in (False, True))
+    assert live_peak({b: (0, 4) for b in buffers}) == {S: 17}

@@ -380,7 +380,7 @@ def test_buffers_whose_lifetimes_do_not_overlap_share_memory():
     run, timing = both(program, {"x": xv})
     np.testing.assert_array_equal(run.output, np.maximum(xv, 0))
     assert run.cycles == timing.cycles
-    with pytest.raises(CodegenError, match="overflow: the program needs 32 bytes with buffers sharing memory"):
+    with pytest.raises(CodegenError, match="overflow: the program has 32 bytes live at once"):
         generate(term, TARGET.with_memory(VRF, capacity=2 * N * 4 - 4))
 
 
