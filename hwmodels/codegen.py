@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
@@ -43,6 +44,10 @@ class CapacityError(CodegenError):
         self.per_iteration = per_iteration
 
 
+#: what `Codegen.shared` holds for a function and value not compiled yet
+_UNCOMPILED = object()
+
+
 @dataclass(frozen=True)
 class Buf:
     """A strided tensor view in a flat memory. For data the host provides, `host` is the value
@@ -55,6 +60,14 @@ class Buf:
     strides: tuple[int, ...]
     host: Term | None = None
     hidx: tuple[Affine, ...] = ()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """Computed once: a value is hashed on every lookup of codegen's cache (`Codegen.apply`)."""
+        return hash((self.space, self.addr, self.shape, self.strides, self.host, self.hidx))
 
 
 @dataclass(frozen=True)
@@ -511,10 +524,11 @@ class Codegen:
         value is compiled once (the extracted term is a tree, the program shares)."""
         if dest is not None:
             return self._apply(f, v, dest)
-        key = (f, v)
-        if key not in self.shared:
-            self.shared[key] = self._apply(f, v, None)
-        return self.shared[key]
+        key = (f, v)  # hashed once per lookup: a value's hash is not cached and is most of the lookup
+        out = self.shared.get(key, _UNCOMPILED)
+        if out is _UNCOMPILED:
+            out = self.shared[key] = self._apply(f, v, None)
+        return out
 
     def _apply(self, f: Term, v: object, dest: Buf | None) -> object:  # noqa: C901 - a table
         op, a = f.op, f.args
