@@ -524,7 +524,7 @@ class Codegen:
         value is compiled once (the extracted term is a tree, the program shares)."""
         if dest is not None:
             return self._apply(f, v, dest)
-        key = (f, v)  # hashed once per lookup: a value's hash is not cached and is most of the lookup
+        key = (f, v)  # one lookup: hashing the key (a pair's or an array of pairs' fields) is most of it
         out = self.shared.get(key, _UNCOMPILED)
         if out is _UNCOMPILED:
             out = self.shared[key] = self._apply(f, v, None)
@@ -1068,6 +1068,13 @@ class _Unplaced:
     overflow: CapacityError
     stored_spread: bool
 
+    @cached_property
+    def least(self) -> dict[str, int]:
+        """The bytes of each space its buffers hold live at once under their shortest lifetimes
+        (`memory_plan.live_peak`): no plan needs less, whether or not what stores read is kept
+        apart, so it is worked out once for both."""
+        return {s: n * 4 for s, n in live_peak(lifetimes(self.program, self.cg.buffers)).items()}
+
 
 def _compiled(term: Term, target: Target, per_iteration: bool, stored_per_iteration: bool) -> Program | _Unplaced:
     """The program compiled with buffers of their own, or, when they do not fit, compiled for
@@ -1097,7 +1104,7 @@ def _placed(compiled: Program | _Unplaced, target: Target, stored_live: bool) ->
         raise compiled.overflow
     tries: list[dict[Buffer, int]] = []
     try:
-        least = {s: n * 4 for s, n in live_peak(lifetimes(laid_out, cg.buffers)).items()}
+        least = compiled.least
         space = next((s for s, mem in target.memories.items() if least.get(s, 0) > mem.capacity), None)
         if space is not None:  # every plan keeps these apart, or more (longer lifetimes)
             raise CapacityError(f"{space} overflow: the program has {least[space]} bytes live at once, capacity "

@@ -166,7 +166,7 @@ def live_peak(live: dict[Buffer, tuple[int, int]]) -> dict[str, int]:
     out = {}
     for space, evs in events.items():
         held = top = 0
-        for _, size in sorted(evs, key=lambda e: (e[0], e[1])):
+        for _, size in sorted(evs):  # at one instant, regions dead from it leave before others come
             held += size
             top = max(top, held)
         out[space] = top
