@@ -22,6 +22,7 @@ from functools import cached_property
 from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, live_peak, memory_sizes, plans, relocate
+from hwmodels.step_order import Span, state_independent_first
 from hwmodels.store_deferral import defer_stores
 from hwmodels.target import OpSpec, Target, whole_units
 
@@ -85,6 +86,22 @@ class ArrP:
     ia: bool
     ib: bool
     n: int
+
+
+def _bufs(v: object) -> Iterator[Buf]:
+    """The buffers a value (a buffer or nested pairs of them) is held in."""
+    if isinstance(v, PairV):
+        yield from _bufs(v.a)
+        yield from _bufs(v.b)
+    elif isinstance(v, Buf):
+        yield v
+
+
+def _span(v: Buf) -> Span:
+    """The addresses a buffer covers in one iteration of the loops around it (`step_order`)."""
+    reach = [(n - 1) * s for n, s in zip(v.shape, v.strides)]
+    lo = v.addr.base + sum(min(0, r) for r in reach)
+    return v.space, lo, v.addr.base + sum(max(0, r) for r in reach) + 1, Affine(0, v.addr.terms)
 
 
 def _index(v: object, i: Affine) -> object:
@@ -276,15 +293,17 @@ class Codegen:
     """Compiles one term for one target."""
 
     def __init__(self, target: Target, bounded: bool = True, per_iteration: bool = True,
-                 stored_per_iteration: bool = True):
+                 stored_per_iteration: bool = True, state_first: bool = False):
         """bounded: every buffer gets memory of its own, and the running total must fit; when
         not, only each buffer alone must fit (buffers then share memory by lifetime).
         per_iteration: see `per_iteration_buffer` and `fission`; stored_per_iteration: whether
-        values each iteration stores get them too (`stored_buffer`)."""
+        values each iteration stores get them too (`stored_buffer`); state_first: whether a
+        Fold step's work that does not need the state issues first (`fold_step`)."""
         self.t = target
         self.bounded = bounded
         self.per_iteration = per_iteration
         self.stored_per_iteration = stored_per_iteration
+        self.state_first = state_first
         self.buffers: list[Buffer] = []
         self.n = target.native_dim
         self.ops: dict[str, OpSpec] = target.op_by_name
@@ -845,11 +864,16 @@ class Codegen:
             state = self.fold_step(step, PairV(state, _index(xs, Affine(n - 1))), dest)
         return state
 
-    def fold_step(self, step: Term, v: object, store: object) -> object:
+    def fold_step(self, step: Term, v: PairV, store: object) -> object:
         """One step of a Fold into store; values it computes are not shared with other steps
-        (they read a state buffer that later steps overwrite)."""
+        (they read a state buffer that later steps overwrite). With state_first, its work that
+        does not need the state issues first (`step_order`)."""
+        start = len(self.block)
         with self.unshared():
-            return self.place(step, v, store)
+            out = self.place(step, v, store)
+        if self.state_first:
+            self.block[start:] = state_independent_first(self.block[start:], [_span(b) for b in _bufs(v.a)])
+        return out
 
     def pad_on_chip(self, f: Term, v: object, dest: Buf | None) -> Buf:
         """Zero padding of a computed vector: each native vector of the result is the source's
@@ -1079,8 +1103,11 @@ class _Unplaced:
 def _compiled(term: Term, target: Target, per_iteration: bool, stored_per_iteration: bool) -> Program | _Unplaced:
     """The program compiled with buffers of their own, or, when they do not fit, compiled for
     sharing memory by lifetime (see `generate`; per_iteration, stored_per_iteration: see
-    `Codegen`)."""
-    first = Codegen(target, per_iteration=per_iteration, stored_per_iteration=stored_per_iteration)
+    `Codegen`). With buffers of their own (whose sum does not depend on the order of the
+    instructions), a Fold step's work that does not need the state issues first; that keeps
+    its results live while the state is worked on, so it is not done where buffers must share
+    memory by lifetime (VTA's GRU(2816) at batch 1 lost its plan to one 1.23x slower)."""
+    first = Codegen(target, per_iteration=per_iteration, stored_per_iteration=stored_per_iteration, state_first=True)
     try:
         return _generate(term, first)
     except CapacityError as exc:

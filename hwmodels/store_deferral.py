@@ -50,7 +50,7 @@ def _rotated(loop: Loop, outer: dict[int, int], fresh: Iterator[int]) -> Block:
         return [loop]
     stores = body[len(body) - trail:]
     lead = 0
-    spans = list(_footprints(stores, {}))
+    spans = list(footprints(stores, {}))
     while lead < len(body) - trail and _independent(loop, [body[lead]], spans, outer):
         lead += 1
     head, rest = body[:lead], body[lead:len(body) - trail]
@@ -139,12 +139,12 @@ def _copy(items: Block, var: int, k: int, fresh: Iterator[int] | None = None) ->
     return map_operands(items, lambda o: replace(o, addr=addr(o.addr)), counter)
 
 
-def _footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, bool, int, int, Affine]]:
+def footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, bool, int, int, Affine]]:
     """(memory, written, lowest address, end address, the address's terms in outer counters) of
     every operand: the span covers the item's own loops; the outer terms are left symbolic."""
     for item in items:
         if isinstance(item, Loop):
-            yield from _footprints(item.body, {**counts, item.var: item.count})
+            yield from footprints(item.body, {**counts, item.var: item.count})
             continue
         for written, o in ((True, item.dst), *((False, s) for s in item.srcs)):
             own = Affine(0, tuple(t for t in o.addr.terms if t[0] in counts))
@@ -154,10 +154,10 @@ def _footprints(items: Block, counts: dict[int, int]) -> Iterator[tuple[str, boo
 
 def _independent(loop: Loop, head: Block, stores: list, outer: dict[int, int]) -> bool:
     """Whether, for every j, the instructions `head` of iteration j+1 neither write what the
-    stores of iteration j read nor touch what they write (`stores`: their `_footprints`). When outer loops move the two
+    stores of iteration j read nor touch what they write (`stores`: their `footprints`). When outer loops move the two
     differently, their whole spans over every iteration must be apart."""
     v = loop.var
-    leading = list(_footprints(head, {}))
+    leading = list(footprints(head, {}))
     for space, s_writes, s_lo, s_end, s_terms in stores:
         for space2, l_writes, l_lo, l_end, l_terms in leading:
             if space != space2 or not (s_writes or l_writes):

@@ -5,9 +5,10 @@ unit, instruction issue) accumulates busy cycles, plus the latency no unit can h
 wait for its first unit, a store's drain, a reduction's chain); loops multiply their bodies,
 except that a load repeated in a loop waits from cold only the first time (its later runs are
 prefetched while the body works). A loop that reloads a buffer cannot run faster than that
-buffer's load-to-read recurrence: those add up in a `chain` that is weighed like a unit. A
-program is as slow as its busiest unit or its chain (the units run decoupled). The simulator
-measures the real thing.
+buffer's load-to-read recurrence (half of it a run where runs take turns with two buffers, as a
+Fold's steps do): those add up in a `chain` that is weighed like a unit. A program is as slow
+as its busiest unit or its chain (the units run decoupled). The simulator measures the real
+thing.
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, shape_of, ta, 
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
-#: a cost's components: each unit's cycles; `chain`, the cycles of loads' recurrences
-#: (`CycleCost.recurrence`) and stores' drains; `dma_wait`, the DMA unit's waits for the
-#: readers of the buffers its loads overwrite, which the innermost loop around a load settles
-#: by how many buffers its body's loads get (`CycleCost.settled`); `drain`, how many of the issue
-#: cycles are stores' drains, which only a store's last run makes the dispatcher wait for; then
-#: `cold`, how many of the op units' cycles are loads' waits that only a load's first run pays
-#: (`CycleCost.counted`)
-COMPONENTS = UNITS + ("chain", "dma_wait", "drain", "cold")
-_DMA, _DMA_WAIT, _ISSUE, _DRAIN, _COLD = (COMPONENTS.index(c) for c in ("dma", "dma_wait", "issue", "drain", "cold"))
+#: a cost's components: each unit's cycles; `chain`, the cycles of loads' recurrences and
+#: stores' drains; `dma_wait`, the DMA unit's waits for the readers of the buffers its loads
+#: overwrite, and `recur`, the loads' recurrences (`CycleCost.recurrence`), both of which the
+#: innermost loop around a load settles by how many buffers its body's loads get
+#: (`CycleCost.settled`); `drain`, how many of the issue cycles are stores' drains, which only a
+#: store's last run makes the dispatcher wait for; `cold`, how many of the op units' cycles are
+#: loads' waits that only a load's first run pays (`CycleCost.counted`)
+COMPONENTS = UNITS + ("chain", "dma_wait", "drain", "cold", "recur")
+_DMA, _CHAIN, _DMA_WAIT, _ISSUE, _DRAIN, _COLD, _RECUR = (
+    COMPONENTS.index(c) for c in ("dma", "chain", "dma_wait", "issue", "drain", "cold", "recur"))
 #: the units a device op can run on: the matrix unit and the vector unit
 OP_UNITS = ("mvu", "mfu")
 #: for each component, the component holding how much of it only one run of a loop pays (the op
@@ -175,7 +177,7 @@ def _exposed(c: Cost, wait: float) -> Cost:
     """c plus cycles every execution unit waits: latency on the critical path adds to the
     busiest unit and to the chain. Instruction issue does not wait: instructions dispatch one
     per cycle into the units' queues whatever their operands wait for, so issue is a bound on throughput only."""
-    return tuple(x if u in ("issue", "dma_wait", "drain", "cold") else x + wait for u, x in zip(COMPONENTS, c))
+    return tuple(x if u in ("issue", "dma_wait", "drain", "cold", "recur") else x + wait for u, x in zip(COMPONENTS, c))
 
 
 def _unit_cost(unit: str, busy: float, issued: float) -> Cost:
@@ -319,14 +321,16 @@ class CycleCost:
         """c in the body of a loop whose loads get `buffers` buffers each. With one, a load's
         next run waits for this one's readers, and so does the DMA unit, which loads in order.
         With two, the next load into a buffer is two runs later, its readers long done: the DMA
-        unit does not wait. The chain still adds every run's recurrence: there it stands in for
-        a Fold's steps waiting for each other through the state, which a cost linear per e-node
-        cannot follow (halving it, as two buffers would, took LSTM(256) over 150 steps on
-        brainwave from 1.13 to 0.84 of the simulated cycles)."""
+        unit does not wait, and a load's round trip spans two runs, so each run adds half its
+        recurrence to the chain. (A Fold's steps also wait for each other through the state,
+        which a cost linear per e-node cannot follow; codegen issues each step's work that does
+        not need the state first, `step_order`, so the units fill that wait where they have such
+        work.)"""
         out = list(c)
         if buffers == 1:
             out[_DMA] += c[_DMA_WAIT]
-        out[_DMA_WAIT] = 0.0
+        out[_CHAIN] += c[_RECUR] / buffers
+        out[_DMA_WAIT] = out[_RECUR] = 0.0
         return tuple(out)
 
     def counted(self, c: Cost, m: float, buffers: int | None = None) -> Cost:
@@ -349,13 +353,14 @@ class CycleCost:
         (not from_dram: from that staging memory, where the value already is; NEVER when `space`
         is loaded from DRAM).
         The DMA unit also waits, each run, for the buffer's previous readers (`wait`: what its
-        later units' transfers do not cover; `dma_wait`, which the loop around it settles). The device ops that read it wait for its first
-        units on the first run only (later runs are prefetched while the loop body works; the
-        `cold` component), but every run when the first read needs more than the first unit (the
-        units are freed in another order than they are loaded, so the next run's cannot be
-        prefetched). Every run lengthens the `chain` by its `recurrence`. A value the memory's
-        units do not tile (rows of whole native vectors; for tiles, whole N x N blocks) cannot be
-        moved: NEVER."""
+        later units' transfers do not cover; `dma_wait`, which the loop around it settles). The
+        device ops that read it wait for its first units on the first run only (later runs are
+        prefetched while the loop body works; the `cold` component), but every run when the
+        first read needs more than the first unit (the units are freed in another order than
+        they are loaded, so the next run's cannot be prefetched). Every run lengthens the `chain`
+        by its `recurrence` (`recur`, which the loop around it settles: half of it with two
+        buffers). A value the memory's units do not tile (rows of whole native vectors; for
+        tiles, whole N x N blocks) cannot be moved: NEVER."""
         mem = self.t.memories.get(space)
         if mem is None or nbytes(t) > mem.capacity or not (from_dram or mem.load_from):
             return NEVER
@@ -367,7 +372,7 @@ class CycleCost:
         extra = self.wait(space, t, need, from_dram=from_dram) - steady
         moves = self.transfers(space, t, from_dram)
         return (tuple(x + first if u in OP_UNITS else x for u, x in zip(UNITS, moves))
-                + (self.recurrence(space, t, need, from_dram), steady, 0.0, first - extra))
+                + (0.0, steady, 0.0, first - extra, self.recurrence(space, t, need, from_dram)))
 
     def recurrence(self, space: str, t: Term, need: int, from_dram: bool = True) -> float:
         """The shortest period of a loop that loads a value of type t into the same buffer of
@@ -459,11 +464,13 @@ class CycleCost:
 
     def by_unit(self, c: Cost) -> dict[str, float]:
         """The cycles `scalar` takes the largest of: when each unit is predicted to be done (the
-        DMA unit with its waits settled), and the chain of loads' recurrences and stores' drains."""
-        return {"dma": c[_DMA] + c[_DMA_WAIT], **{u: c[COMPONENTS.index(u)] for u in (*UNITS[1:], "chain")}}
+        DMA unit with its waits settled), and the chain of loads' recurrences and stores' drains
+        (the recurrences of loads outside every loop settled with one buffer)."""
+        return {"dma": c[_DMA] + c[_DMA_WAIT], **{u: c[COMPONENTS.index(u)] for u in UNITS[1:]},
+                "chain": c[_CHAIN] + c[_RECUR]}
 
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled), or the chain when longer;
-        the loads outside every loop run once (the DMA's waits settled with one buffer, as
-        `settled` does, inlined: extraction calls this for every e-node)."""
-        return max(c[_DMA] + c[_DMA_WAIT], *c[_DMA + 1:_DMA_WAIT])
+        the loads outside every loop run once (the DMA's waits and the loads' recurrences settled
+        with one buffer, as `settled` does, inlined: extraction calls this for every e-node)."""
+        return max(c[_DMA] + c[_DMA_WAIT], c[_DMA + 1], c[_DMA + 2], c[_ISSUE], c[_CHAIN] + c[_RECUR])
