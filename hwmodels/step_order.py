@@ -27,13 +27,17 @@ Span = tuple[str, int, int, Affine]
 def state_independent_first(items: Block, state: list[Span]) -> Block:
     """The step's items reordered as above; `state` spans the buffers the step reads its
     carried state from."""
-    spans = [list(footprints([item], {})) for item in items]
-    deps = [{j for j in range(i) if _conflict(spans[i], spans[j])} for i in range(len(items))]
+    reads: list[list[Span]] = []
+    writes: list[list[Span]] = []
+    for item in items:
+        own = list(footprints([item], {}))
+        reads.append([(space, lo, end, terms) for space, written, lo, end, terms in own if not written])
+        writes.append([(space, lo, end, terms) for space, written, lo, end, terms in own if written])
+    deps = [{j for j in range(i) if _meets(writes[i], reads[j] + writes[j]) or _meets(reads[i], writes[j])}
+            for i in range(len(items))]
     tainted: set[int] = set()
-    for i, own in enumerate(spans):
-        reads = [(space, lo, end, terms) for space, written, lo, end, terms in own if not written]
-        if any(_meet(r, s) for r in reads for s in state) or any(
-                j in tainted and _flows(spans[j], reads) for j in deps[i]):
+    for i in range(len(items)):
+        if _meets(reads[i], state) or any(j in tainted and _meets(reads[i], writes[j]) for j in deps[i]):
             tainted.add(i)
     order: list[int] = []
     done: set[int] = set()
@@ -47,19 +51,8 @@ def state_independent_first(items: Block, state: list[Span]) -> Block:
     return [items[i] for i in order]
 
 
-def _meet(a: Span, b: Span) -> bool:
-    """Whether two spans may share an address in one iteration of the outer loops: the same
-    memory, and overlapping intervals where the outer counters move both alike (assumed
-    otherwise)."""
-    return a[0] == b[0] and (a[3] != b[3] or (a[1] < b[2] and b[1] < a[2]))
-
-
-def _conflict(a: list, b: list) -> bool:
-    """Whether two items' footprints order them: one writes where the other reads or writes."""
-    return any((wa or wb) and _meet((sa, la, ea, ta), (sb, lb, eb, tb))
-               for sa, wa, la, ea, ta in a for sb, wb, lb, eb, tb in b)
-
-
-def _flows(writer: list, reads: list[Span]) -> bool:
-    """Whether an item reads what `writer` writes."""
-    return any(_meet((space, lo, end, terms), r) for space, written, lo, end, terms in writer if written for r in reads)
+def _meets(a: list[Span], b: list[Span]) -> bool:
+    """Whether a span of `a` may share an address with one of `b` in one iteration of the outer
+    loops: the same memory, and overlapping intervals where the outer counters move both alike
+    (assumed otherwise)."""
+    return any(x[0] == y[0] and (x[3] != y[3] or (x[1] < y[2] and y[1] < x[2])) for x in a for y in b)

@@ -473,4 +473,4 @@ class CycleCost:
         """Predicted cycles: the busiest unit (the units run decoupled), or the chain when longer;
         the loads outside every loop run once (the DMA's waits and the loads' recurrences settled
         with one buffer, as `settled` does, inlined: extraction calls this for every e-node)."""
-        return max(c[_DMA] + c[_DMA_WAIT], c[_DMA + 1], c[_DMA + 2], c[_ISSUE], c[_CHAIN] + c[_RECUR])
+        return max(c[_DMA] + c[_DMA_WAIT], *c[_DMA + 1:_CHAIN], c[_CHAIN] + c[_RECUR])

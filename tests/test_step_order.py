@@ -35,7 +35,7 @@ def state_span(slot: int) -> tuple[str, int, int, Affine]:
     return "buf", slot * G, (slot + 1) * G, Affine(0)
 
 
-def run(step: list, functional: bool = True) -> tuple[int, np.ndarray | None]:
+def run(step: list) -> tuple[int, np.ndarray]:
     """Cycles, and every on-chip vector after STEPS runs of `step` (stored to DRAM at the end),
     the input at dram[0:] being STEPS vectors of -STEPS*G/2 ..."""
     out = STEPS * G
@@ -44,7 +44,7 @@ def run(step: list, functional: bool = True) -> tuple[int, np.ndarray | None]:
                       [HostBuffer(0, STEPS * G, T("Var", "x", tensor_type("f32", (STEPS * G,))), "x")],
                       out, (SLOTS * G,), (1,))
     x = np.arange(STEPS * G, dtype=np.float32) - STEPS * G / 2
-    result = simulate(program, G, {"x": x} if functional else None, functional=functional)
+    result = simulate(program, G, {"x": x})
     return result.cycles, result.output
 
 
