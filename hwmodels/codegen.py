@@ -237,6 +237,17 @@ def _inverse(view: Term) -> Term | None:
     return None
 
 
+def _through_inverse(views: list[Term], dest: Buf, dim: int, what: str) -> Buf:
+    """Where a core must write (at dimension dim) for `views` to show its results in dest; `what`
+    names the term whose views they are, for the error when one cannot be undone."""
+    for view in views:
+        inverse = _inverse(view)
+        if inverse is None:
+            raise CodegenError(f"{what} ends in {view.op} and cannot write into a given destination")
+        dest = _view(inverse, dest, dim)
+    return dest
+
+
 def _peel_views(body: Term) -> tuple[list[Term], Term]:
     """A loop body split into its trailing re-indexings (applied last, listed first) and the core
     before them; a nested loop's trailing re-indexings come out as maps of them, so every level
@@ -639,7 +650,10 @@ class Codegen:
         if op == "Map":
             return self.map(a[0], a[1], v, dest)
         if op == "Fold":
-            return self.fold(a[0], a[1].args[1].args[1], v, dest)
+            if dest is not None and not isinstance(dest, Buf):
+                raise CodegenError("a Fold returning a pair cannot write into a given destination")
+            core = None if dest is None else _through_inverse(_core(a[0])[0], dest, 0, "a Fold whose step")
+            return self.fold(a[0], a[1].args[1].args[1], v, core)
         if op == "Reduce":
             return self.reduce(a[0], a[1].args[1], v, dest)
         if op == "Dev":
@@ -657,12 +671,8 @@ class Codegen:
         so every iteration writes its core result in place (into dest seen through the tail's
         inverse, when a destination is given)."""
         views, core = _peel_views(body)
-        if views and dest is not None:
-            for view in views:  # the core writes where the views will show its results: dest
-                inverse = _inverse(view)
-                if inverse is None:
-                    raise CodegenError(f"a Map whose body ends in {view.op} cannot write into a given destination")
-                dest = _view(inverse, dest, 1)
+        if views and dest is not None:  # the core writes where the views will show its results: dest
+            dest = _through_inverse(views, dest, 1, "a Map whose body")
         out = self.fission(core, n, v, dest)
         if out is None:
             out = self.one_loop(core, n, v, dest)
@@ -776,6 +786,8 @@ class Codegen:
             return PairV(self.storage(head.args[0], lead), self.storage(head.args[1], lead))
         if head.op == "Map":
             return self.storage(head.args[0], (*lead, head.args[1]))
+        if head.op == "Fold":  # its result is its last step's
+            return self.storage(head.args[0], lead)
         space = self.result_space(head)
         if space is None:
             raise CodegenError(f"cannot tell where the results of {head.op} live")
@@ -799,6 +811,8 @@ class Codegen:
             out = PairV(self.viewed(head.args[0], store.a, depth), self.viewed(head.args[1], store.b, depth))
         elif head.op == "Map":
             out = _as_array(self.viewed(head.args[0], store, depth + 1), head.args[1])
+        elif head.op == "Fold":
+            out = self.viewed(head.args[0], store, depth)
         elif fout(head).op == "TA" and _holds_pairs(fout(head)):  # an array of pairs (`typed_storage`)
             out = _as_array(store, fout(head).args[1])
         else:
@@ -817,26 +831,20 @@ class Codegen:
             self.place(head.args[1], w, store.b)
         elif head.op == "Map":
             self.loop(head.args[1], lambda i: self.place(head.args[0], _index(w, i), _index_store(store, i)))
+        elif head.op == "Fold":
+            self.fold(head.args[0], head.args[1].args[1].args[1], w, store)
         elif self.apply(head, w, store) != store:
             raise CodegenError(f"{head.op} does not produce its result in place")
         return self.viewed(f, store, 0)
 
-    def fold(self, step: Term, n: int, v: object, dest: Buf | None) -> object:
+    def fold(self, step: Term, n: int, v: object, dest: object = None) -> object:
         """A loop carrying a state (on chip, or in DRAM when the step ends storing it): the first
         step reads the initial state, then the steps alternate between two state buffers (two
         steps per loop iteration), so no step overwrites the state it reads; a last step runs
-        after the loop when n - 1 is odd. Given a destination (a Map's iteration), the last step
-        writes the final state there."""
+        after the loop when n - 1 is odd. Given a destination (a Map's iteration: storage for the
+        step's core, `storage`), the last step writes the final state there."""
         if not isinstance(v, PairV):
             raise CodegenError("a Fold applies to a pair (initial state, array)")
-        if dest is not None:  # the last step's core writes where the step's views put it: dest
-            if not isinstance(dest, Buf):
-                raise CodegenError("a Fold returning a pair cannot write into a given destination")
-            for view in _core(step)[0]:
-                inverse = _inverse(view)
-                if inverse is None:
-                    raise CodegenError(f"a Fold whose step ends in {view.op} cannot write into a given destination")
-                dest = _view(inverse, dest, 0)
         init, xs = v.a, v.b
         if dest is not None and n == 1:
             return self.fold_step(step, PairV(init, _index(xs, Affine(0))), dest)

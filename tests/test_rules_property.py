@@ -22,7 +22,7 @@ from egraph_rules.ir import SCHEMA, T, Term, comp, fin, fout, ta, tp, ts, ty
 from egraph_rules.rules import Rule
 from egraph_rules.saturate import Budget, SaturatedGraph, Saturator
 from extraction.greedy import GraphView, extract_greedy
-from egraph_rules.algorithmic_rules import algorithmic_rules, staging_rules
+from egraph_rules.algorithmic_rules import algorithmic_rules, fold_map_interchange, staging_rules
 from egraph_rules.dsl_rules import band_rules, cell_rules, dsl_rules
 from egraph_rules.hardware_rules import hardware_rules
 from liftsat.targets import get_target
@@ -30,8 +30,12 @@ from liftsat.targets import get_target
 NATIVE = 4
 TARGET = get_target("brainwave", NATIVE)
 #: the rules liftsat.api.rules_for gives, with capacity guards small enough for tiny examples
-RULES = dsl_rules() + band_rules(resident=64) + cell_rules(256, NATIVE) + algorithmic_rules((NATIVE,), resident=64, pinnable=1) + hardware_rules(
-    TARGET.device_ops(), NATIVE) + staging_rules({"mesh": "stage"}, NATIVE)
+#: (pinnable=1 lets every weight-stationary example fire; fold-map-interchange, guarded the other
+#: way, by weights that do fit, gets room for its examples' weights)
+RULES = dsl_rules() + band_rules(resident=64) + cell_rules(256, NATIVE) + [
+    r for r in algorithmic_rules((NATIVE,), resident=64, pinnable=1) if r.name != "fold-map-interchange"] + [
+    fold_map_interchange(pinnable=1 << 20)] + hardware_rules(TARGET.device_ops(), NATIVE) + staging_rules(
+    {"mesh": "stage"}, NATIVE)
 RULES_BY_NAME = {r.name: r for r in RULES}
 MEANINGS = {op.name: op.meaning for op in TARGET.device_ops()}
 BUDGET = Budget(nodes=5000, iterations=3, seconds=10)
