@@ -837,7 +837,7 @@ class Codegen:
             raise CodegenError(f"{head.op} does not produce its result in place")
         return self.viewed(f, store, 0)
 
-    def fold(self, step: Term, n: int, v: object, dest: object = None) -> object:
+    def fold(self, step: Term, n: int, v: object, dest: Buf | PairV | None) -> object:
         """A loop carrying a state (on chip, or in DRAM when the step ends storing it): the first
         step reads the initial state, then the steps alternate between two state buffers (two
         steps per loop iteration), so no step overwrites the state it reads; a last step runs
