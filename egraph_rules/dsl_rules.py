@@ -225,11 +225,13 @@ def _batched_example(bias: bool):
     return example
 
 
-def _banded_example(resident: int, bias: bool):
+def _banded_example(bias: bool, resident: int, apart: tuple[int, int] | None = None):
+    """A Linear of o = 4 outputs over more rows than one band holds: a band of `band_rules`'
+    quarter of `resident`, or its wider band where rows and results are `apart`."""
     def example(rng: np.random.Generator) -> Term:
         k, o = int(rng.integers(2, 4)), 4
-        rows = resident // 4 // (o + k)
-        return T("Map", _layer(bias, o, k), rows + int(rng.integers(1, rows + 2)))
+        r = resident // 4 // (o + k) if apart is None else min(apart[0] // k, apart[1] // o)
+        return T("Map", _layer(bias, o, k), r + int(rng.integers(1, r + 2)))
 
     return example
 
@@ -251,13 +253,28 @@ def _cell_example(op: str):
     return example
 
 
-def band_rules(resident: int = 1 << 20) -> list[Rule]:
+def band_rules(resident: int = 1 << 20, apart: tuple[int, int] | None = None) -> list[Rule]:
     """A batch of rows in bands whose rows and results take at most a quarter of `resident`
-    elements: the target's memory sizes decide. Whether the weights fit on chip does not: with
+    elements: the target's memory sizes decide. Where the matrix unit reads its rows from a
+    memory apart from its results (`apart`: how many elements of each a band may take), a
+    wider band is offered too, as many rows as both hold, where that is wider and at most twice
+    the quarter: VTA's AlexNet conv3 ran 3.53 M cycles in bands of 7 rows, 2.78 M in bands of 9.
+    (Up to all of `resident`, the weight-stationary rules' guard, the systolic array's 3x3
+    convolution 16->32 + ReLU got bands of 128 rows in bands of 46, 1% faster, but its
+    saturation on egglog 13.2 no longer reached the node limit within 10 s: 17,236 cycles,
+    predicted 0.89 of them.) Whether the weights fit on chip does not decide: with
     weights that do not, a band runs weight-stationary, one pass over the weights per band; with
     pinned weights, a band's products of one weight tile run back to back, so its accumulation
     steps hide the adds' latency (VTA's 3x3 convolution 16->32 + ReLU: 132,956 cycles row by
     row, 16,852 in bands, where the rule needed weights larger than the chip)."""
+    sizes, rooms, also = [[f"(= r (/ {resident // 4} (+ o k)))"]], [None], ""
+    if apart is not None:
+        sizes.append([f"(= r (min (/ {apart[0]} k) (/ {apart[1]} o)))", f"(> (* r (+ o k)) {resident // 4})",
+                      f"(<= (* r (+ o k)) {resident // 2})"])
+        rooms.append(apart)
+        also = (f"; where rows and results are apart, also r = min({apart[0]} / k, {apart[1]} / o) rows "
+                f"(the rows' and the results' room), if r (k + o) is over the quarter and within half of {resident}")
+    examples = [_banded_example(bias, resident, room) for room in rooms for bias in (True, False)]
     return [
         Rule(
             "batched-linear-bands",
@@ -269,18 +286,16 @@ def band_rules(resident: int = 1 << 20) -> list[Rule]:
                     f"(Comp (Map (Map ({layer} (TA s k)) r) nb) (Comp (Split r (TA (TA s k) (* r nb))) "
                     "(Pad 0 (- (* r nb) n) (TA (TA s k) n))))))",
                     "dsl",
-                    ["(= (TA (TA s k) o) (ty w))", f"(= r (/ {resident // 4} (+ o k)))", "(>= r 2)", "(< r n)",
-                     "(= nb (/ (+ n (- r 1)) r))"],
+                    ["(= (TA (TA s k) o) (ty w))", *size, "(>= r 2)", "(< r n)", "(= nb (/ (+ n (- r 1)) r))"],
                 )
-                for layer in ("Linear w b", "LinearNB w")
+                for layer in ("Linear w b", "LinearNB w") for size in sizes
             ),
             f"bands of r = {resident // 4} / (k + o) rows (a quarter of the result memory: the rest holds "
-            f"weight blocks, copies and outputs), at least 2 and fewer than the rows, padded to whole bands",
+            f"weight blocks, copies and outputs){also}, at least 2 and fewer than the rows, padded to whole bands",
             "Linear over n rows = Linear over bands of r rows (the last band padded with zero rows, their "
             "results dropped): each band's rows and results fit on chip, so each band's GEMM can run "
             "weight-stationary (mmmul-weight-stationary-tiles)",
-            _banded_example(resident, True),
-            _banded_example(resident, False),
+            *examples,
         ),
     ]
 

@@ -25,11 +25,14 @@ def shared_rules() -> list[Rule]:
 class MemoryGuards(NamedTuple):
     """What the guards of a target's band, weight-stationary and streamed-reduction rules compare
     with, in elements: `resident`, the results its result memory holds at once; `pinnable`, the
-    weights its matrix unit reads where they are pinned; `banded`, a band's rows and results."""
+    weights its matrix unit reads where they are pinned; `banded`, a band's rows and results;
+    `apart`, where the matrix unit reads a band's rows from another memory than its results go
+    to, what a wider band's rows and results may take of each (None: one memory holds both)."""
 
     resident: int
     pinnable: int
     banded: int
+    apart: tuple[int, int] | None
 
 
 def memory_guards(target: Target) -> MemoryGuards:
@@ -38,13 +41,20 @@ def memory_guards(target: Target) -> MemoryGuards:
     the matrix operand is read from counts (without a matrix op, the largest memory). A band's
     rows share the result memory with its results, unless the matrix unit reads its rows from
     another one (VTA's input buffer, the systolic array's scratchpad): then the result memory
-    holds only results and partial products, and counts twice for a band."""
+    holds only results and partial products, and counts twice for a band; a wider band's rows
+    may then fill half of their memory, its results a quarter of theirs (half of the result
+    memory left the systolic array's 1x1 training convolution 56x56x64x8 without a program
+    that lays out: its products and sums took 66,560 of the 65,536 bytes)."""
     mats = [o.op for o in target.ops if o.op.is_matrix]
     read = {op.operand_spaces[0] for op in mats}
     spaces = [m for s, m in target.memories.items() if s in read] or list(target.memories.values())
     resident = target.result_capacity // 4
     rows_apart = bool(mats) and all(op.operand_spaces[1] != op.result_space for op in mats)
-    return MemoryGuards(resident, max(m.capacity for m in spaces) // 4, resident * (2 if rows_apart else 1))
+    apart = None
+    if rows_apart:
+        rows = min(target.memories[op.operand_spaces[1]].capacity for op in mats)
+        apart = (rows // 4 // 2, resident // 4)
+    return MemoryGuards(resident, max(m.capacity for m in spaces) // 4, resident * (2 if rows_apart else 1), apart)
 
 
 def target_dsl_rules(target: Target, blocked_cells: bool = False) -> list[Rule]:
@@ -52,7 +62,7 @@ def target_dsl_rules(target: Target, blocked_cells: bool = False) -> list[Rule]:
     cells lowered over whole gate vectors or, where they fill the result memory (or wherever a
     block size divides the hidden size, when `blocked_cells`), in blocks of hidden units."""
     g = memory_guards(target)
-    return band_rules(g.banded) + cell_rules(g.resident, target.native_dim, blocked_cells)
+    return band_rules(g.banded, g.apart) + cell_rules(g.resident, target.native_dim, blocked_cells)
 
 
 def target_tiling_rules(target: Target) -> list[Rule]:

@@ -32,7 +32,7 @@ TARGET = get_target("brainwave", NATIVE)
 #: the rules liftsat.api.rules_for gives, with capacity guards small enough for tiny examples
 #: (pinnable=1 lets every weight-stationary example fire; fold-map-interchange, guarded the other
 #: way, by weights that do fit, gets room for its examples' weights)
-RULES = dsl_rules() + band_rules(resident=64) + cell_rules(256, NATIVE) + [
+RULES = dsl_rules() + band_rules(resident=64, apart=(24, 12)) + cell_rules(256, NATIVE) + [
     r for r in algorithmic_rules((NATIVE,), resident=64, pinnable=1) if r.name != "fold-map-interchange"] + [
     fold_map_interchange(pinnable=1 << 20)] + hardware_rules(TARGET.device_ops(), NATIVE) + staging_rules(
     {"mesh": "stage"}, NATIVE)
