@@ -258,7 +258,7 @@ def band_rules(resident: int = 1 << 20, apart: tuple[int, int] | None = None) ->
     elements: the target's memory sizes decide. Where the matrix unit reads its rows from a
     memory apart from its results (`apart`: how many elements of each a band may take), a
     wider band is offered too, as many rows as both hold, where that is wider and at most twice
-    the quarter: VTA's AlexNet conv3 ran 3.53 M cycles in bands of 7 rows, 2.78 M in bands of 9.
+    the quarter: VTA's AlexNet conv3 ran 3.53 M cycles in bands of 7 rows, 2.10 M in bands of 14.
     (Up to all of `resident`, the weight-stationary rules' guard, the systolic array's 3x3
     convolution 16->32 + ReLU got bands of 128 rows in bands of 46, 1% faster, but its
     saturation on egglog 13.2 no longer reached the node limit within 10 s: 17,236 cycles,
