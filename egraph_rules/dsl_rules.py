@@ -258,23 +258,21 @@ def band_rules(resident: int = 1 << 20, apart: tuple[int, int] | None = None) ->
     elements: the target's memory sizes decide. Where the matrix unit reads its rows from a
     memory apart from its results (`apart`: how many elements of each a band may take), a
     wider band is offered too, as many rows as both hold, where that is wider and at most twice
-    the quarter: VTA's AlexNet conv3 ran 3.53 M cycles in bands of 7 rows, 2.10 M in bands of 14.
-    (Up to all of `resident`, the weight-stationary rules' guard, the systolic array's 3x3
-    convolution 16->32 + ReLU got bands of 128 rows in bands of 46, 1% faster, but its
-    saturation on egglog 13.2 no longer reached the node limit within 10 s: 17,236 cycles,
-    predicted 0.89 of them.) Whether the weights fit on chip does not decide: with
+    the quarter (VTA's AlexNet conv3: bands of 14 rows, 2.10 M cycles, where 7 ran 3.53 M; wider
+    still, the systolic 3x3 convolution's e-graph outgrew egglog 13.2's 10 s). Whether the
+    weights fit on chip does not decide: with
     weights that do not, a band runs weight-stationary, one pass over the weights per band; with
     pinned weights, a band's products of one weight tile run back to back, so its accumulation
     steps hide the adds' latency (VTA's 3x3 convolution 16->32 + ReLU: 132,956 cycles row by
     row, 16,852 in bands, where the rule needed weights larger than the chip)."""
-    sizes, rooms, also = [[f"(= r (/ {resident // 4} (+ o k)))"]], [None], ""
+    #: (the guards naming the band size r, the `apart` room its examples are sized by)
+    bands: list[tuple[list[str], tuple[int, int] | None]] = [([f"(= r (/ {resident // 4} (+ o k)))"], None)]
+    also = ""
     if apart is not None:
-        sizes.append([f"(= r (min (/ {apart[0]} k) (/ {apart[1]} o)))", f"(> (* r (+ o k)) {resident // 4})",
-                      f"(<= (* r (+ o k)) {resident // 2})"])
-        rooms.append(apart)
+        bands.append(([f"(= r (min (/ {apart[0]} k) (/ {apart[1]} o)))", f"(> (* r (+ o k)) {resident // 4})",
+                       f"(<= (* r (+ o k)) {resident // 2})"], apart))
         also = (f"; where rows and results are apart, also r = min({apart[0]} / k, {apart[1]} / o) rows "
                 f"(the rows' and the results' room), if r (k + o) is over the quarter and within half of {resident}")
-    examples = [_banded_example(bias, resident, room) for room in rooms for bias in (True, False)]
     return [
         Rule(
             "batched-linear-bands",
@@ -288,14 +286,14 @@ def band_rules(resident: int = 1 << 20, apart: tuple[int, int] | None = None) ->
                     "dsl",
                     ["(= (TA (TA s k) o) (ty w))", *size, "(>= r 2)", "(< r n)", "(= nb (/ (+ n (- r 1)) r))"],
                 )
-                for layer in ("Linear w b", "LinearNB w") for size in sizes
+                for layer in ("Linear w b", "LinearNB w") for size, _ in bands
             ),
             f"bands of r = {resident // 4} / (k + o) rows (a quarter of the result memory: the rest holds "
             f"weight blocks, copies and outputs){also}, at least 2 and fewer than the rows, padded to whole bands",
             "Linear over n rows = Linear over bands of r rows (the last band padded with zero rows, their "
             "results dropped): each band's rows and results fit on chip, so each band's GEMM can run "
             "weight-stationary (mmmul-weight-stationary-tiles)",
-            *examples,
+            *(_banded_example(bias, resident, room) for _, room in bands for bias in (True, False)),
         ),
     ]
 

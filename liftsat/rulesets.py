@@ -42,10 +42,8 @@ def memory_guards(target: Target) -> MemoryGuards:
     rows share the result memory with its results, unless the matrix unit reads its rows from
     another one (VTA's input buffer, the systolic array's scratchpad): then the result memory
     holds only results and partial products, and counts twice for a band; a wider band's rows
-    may then fill three quarters of their memory (VTA's AlexNet conv3: 14 rows, 2.10 M cycles;
-    9 rows in half of it, 2.78 M), its results a quarter of theirs (half of the result memory
-    left the systolic array's 1x1 training convolution 56x56x64x8 without a program that lays
-    out: its products and sums took 66,560 of the 65,536 bytes)."""
+    may then fill three quarters of their memory, its results a quarter of theirs (the products
+    and sums beside them need the rest)."""
     mats = [o.op for o in target.ops if o.op.is_matrix]
     read = {op.operand_spaces[0] for op in mats}
     spaces = [m for s, m in target.memories.items() if s in read] or list(target.memories.values())
