@@ -154,36 +154,43 @@ def _structural() -> list[Rule]:
 # ---------------------------------------------------------------- tiling and padding
 
 
-def _stationary_tiles(N: int, padded: bool) -> str:
+def _stationary_tiles(N: int, pad_k: bool, pad_o: bool) -> str:
     """The right-hand side of mmmul-weight-stationary-tiles: (A [n][k], B [k][o]) -> [n][o] as a
     Map over the o/N blocks j of output columns of (the sum over the k/N column tiles t of (a Map
     over the rows a of A of MVMul(tile (j, t), slice t of a))); k padded to whole tiles when
-    `padded`."""
+    `pad_k`; when `pad_o`, o too (B's zero columns give zero results, sliced off each row)."""
     def arr(e: str, n: str) -> str:
         return f"(TA {e} {n})"
 
     pad = f"(% (- {N} (% k {N})) {N})"
-    kp = f"(+ k {pad})" if padded else "k"
-    kt, blocks = f"(/ {kp} {N})", f"(/ o {N})"
+    kp = f"(+ k {pad})" if pad_k else "k"
+    pad_out = f"(% (- {N} (% o {N})) {N})"
+    op = f"(+ o {pad_out})" if pad_o else "o"
+    kt, blocks = f"(/ {kp} {N})", f"(/ {op} {N})"
     v = arr("s", str(N))
     tile, rows = arr(v, str(N)), arr(v, "n")
     p = f"(TP {arr(arr('s', 'k'), 'n')} {arr(arr('s', 'o'), 'k')})"
-    # A as [kt][n][N] (slice t of every row), B as tiles [o/N][kt][N][N] (tile (j, t): B^T's rows
+    # A as [kt][n][N] (slice t of every row), B as tiles [op/N][kt][N][N] (tile (j, t): B^T's rows
     # jN.. and columns tN..)
     xs = [f"(Transpose {arr(arr(v, kt), 'n')})", f"(Map (Split {N} {arr('s', kp)}) n)"]
     ws = [f"(Map (Transpose {arr(arr(v, kt), str(N))}) {blocks})", f"(Map (Map (Split {N} {arr('s', kp)}) {N}) {blocks})",
-          f"(Split {N} {arr(arr('s', kp), 'o')})", f"(Transpose {arr(arr('s', 'o'), kp)})"]
-    if padded:
+          f"(Split {N} {arr(arr('s', kp), op)})"]
+    if pad_k:
         xs.append(f"(Map (Pad 0 {pad} {arr('s', 'k')}) n)")
-        ws.append(f"(Pad 0 {pad} {arr(arr('s', 'o'), 'k')})")
+    if pad_o:  # B^T's rows padded, as a per-row program pads a weight's rows (mvmul-pad-rows)
+        ws += [f"(Map (Pad 0 {pad} {arr('s', 'k')}) {op})"] * pad_k + [
+            f"(Pad 0 {pad_out} {arr(arr('s', 'k'), 'o')})", f"(Transpose {arr(arr('s', 'o'), 'k')})"]
+    else:
+        ws += [f"(Transpose {arr(arr('s', 'o'), kp)})"] + [f"(Pad 0 {pad} {arr(arr('s', 'o'), 'k')})"] * pad_k
     row_in, tile_in = f"(TP {v} {tile})", f"(TP {tile} {rows})"
     mv = chain([f"(MVMul (TP {tile} {v}))", f"(Fork (Snd {row_in}) (Fst {row_in}))"], None)
     per_tile = chain([f"(Map {mv} n)", f"(DistR (TP {rows} {tile}))", f"(Fork (Snd {tile_in}) (Fst {tile_in}))"], None)
     tiles_j, xs_t = arr(tile, kt), arr(rows, kt)
     add_rows = chain([f"(Map (VVAdd (TP {v} {v})) n)", f"(Zip (TP {rows} {rows}))"], None)
     per_block = chain([f"(Reduce {add_rows} {xs_t})", f"(Map {per_tile} {kt})", f"(Zip (TP {tiles_j} {xs_t}))"], None)
-    return chain([f"(Map (Join {arr(v, blocks)}) n)", f"(Transpose {arr(rows, blocks)})", f"(Map {per_block} {blocks})",
-                  f"(DistR (TP {arr(tiles_j, blocks)} {xs_t}))",
+    sliced = [f"(Map (Slice 0 o {arr('s', op)}) n)"] if pad_o else []
+    return chain([*sliced, f"(Map (Join {arr(v, blocks)}) n)", f"(Transpose {arr(rows, blocks)})",
+                  f"(Map {per_block} {blocks})", f"(DistR (TP {arr(tiles_j, blocks)} {xs_t}))",
                   f"(Fork {chain(ws, f'(Snd {p})')} {chain(xs, f'(Fst {p})')})"], None)
 
 
@@ -244,6 +251,10 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     def ex_ws_tiles(rng):
         k = pick(rng, 1, 2 * N + 1)
         return T("MMMul", tp(mat(pick(rng, 2, 3), k), mat(k, N * pick(rng, 1, 2))))
+
+    def ex_ws_tiles_pad_out(rng):
+        k = pick(rng, 1, 2 * N + 1)
+        return T("MMMul", tp(mat(pick(rng, 2, 3), k), mat(k, N * pick(rng, 0, 1) + pick(rng, 1, N - 1))))
 
     ws_in = "(TP (TA (TA s k) n) (TA (TA s o) k))"
     ws_blocks = f"(TA (TA (TA s k) {N}) (/ o {N}))"
@@ -306,18 +317,18 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
              f"once for all rows", ex_ws),
         Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
-            rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, padded), a,
-                    [f"(= 0 (% o {N}))", f"({'!=' if padded else '='} 0 (% k {N}))", "(> n 1)",
-                     f"(<= (* n (+ o k)) {resident})"])
-            for padded in (False, True)),
-             f"output columns o divisible by {N}, more than one row, the n x k rows and the n x o result fit on "
-             f"chip together ({resident} elements); the k columns padded with zeros to whole tiles; weights of "
+            rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, pad_k, pad_o), a,
+                    [f"({'!=' if pad_o else '='} 0 (% o {N}))", f"({'!=' if pad_k else '='} 0 (% k {N}))", "(> n 1)",
+                     f"(<= (* n (+ {f'(+ o (- {N} (% o {N})))' if pad_o else 'o'} k)) {resident})"])
+            for pad_o in (False, True) for pad_k in (False, True)),
+             f"more than one row, the n x k rows and the n x o result fit on chip together ({resident} "
+             f"elements); the k columns, and the o output columns, padded with zeros to whole tiles; weights of "
              f"any size (pinned ones too: the sum's steps each add n rows, which hides the adds' latency)",
              f"A . B = for each block j of {N} output columns, the sum over the {N} x {N} tiles (j, t) of: for "
              f"each row a of A, MVMul(tile, a's slice t): each tile is moved to the matrix unit once for all rows "
              f"(the systolic array's weight-stationary loop: preload a tile, stream every row through it), and "
-             f"each step of the sum is n independent adds",
-             ex_ws_tiles),
+             f"each step of the sum is n independent adds; output columns padded to whole blocks are sliced off",
+             ex_ws_tiles, ex_ws_tiles_pad_out),
         Rule(f"mvmul-split-rows/{N}", a, (rewrite(
             f"(MVMul {tpm})",
             f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map (MVMul (TP (TA (TA s k) {N}) (TA s k))) (/ n {N})) "

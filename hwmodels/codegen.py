@@ -237,15 +237,57 @@ def _inverse(view: Term) -> Term | None:
     return None
 
 
+def _undoable_first(view: Term) -> tuple[Term | None, Term | None]:
+    """`view` as (rest, first), rest . first, where `first` is the largest re-indexing applied
+    first that `_inverse` undoes (None: none is; rest None: all of it is): a Slice of joined
+    blocks cannot be laid out for as a whole, but its Join can (each Map of a composition is
+    taken apart)."""
+    if _inverse(view) is not None:
+        return None, view
+    if view.op == "Map":
+        rest, first = _undoable_first(view.args[0])
+        return (None if rest is None else T("Map", rest, view.args[1]),
+                None if first is None else T("Map", first, view.args[1]))
+    if view.op == "Comp":
+        rest, first = _undoable_first(view.args[1])
+        if first is None:
+            return view, None
+        if rest is None:
+            outer, also = _undoable_first(view.args[0])
+            return outer, first if also is None else T("Comp", also, first)
+        return T("Comp", view.args[0], rest), first
+    return view, None
+
+
 def _through_inverse(views: list[Term], dest: Buf, dim: int, what: str) -> Buf:
     """Where a core must write (at dimension dim) for `views` to show its results in dest; `what`
     names the term whose views they are, for the error when one cannot be undone."""
     for view in views:
-        inverse = _inverse(view)
-        if inverse is None:
+        core = _before(view, dest, dim)
+        if core is None:
             raise CodegenError(f"{what} ends in {view.op} and cannot write into a given destination")
-        dest = _view(inverse, dest, dim)
+        dest = core
     return dest
+
+
+def _before(view: Term, dest: Buf, dim: int) -> Buf | None:
+    """Where a value must be written (at dimension dim) for `view` of it to be dest: through the
+    view's inverse, or, for Slice(0, k) of rows whose room in dest holds the whole row, the
+    whole row (None: neither)."""
+    op, a = view.op, view.args
+    if op == "Map":
+        return _before(a[0], dest, dim + 1)
+    if op == "Comp":
+        outer = _before(a[0], dest, dim)
+        return None if outer is None else _before(a[1], outer, dim)
+    if op == "Slice":
+        full = a[2].args[1]
+        last = dim == len(dest.shape) - 1 and dim > 0 and dest.strides[dim] == 1 and dest.host is None
+        if a[0] == 0 and last and dest.shape[dim] == a[1] and dest.strides[dim - 1] >= full:
+            return replace(dest, shape=(*dest.shape[:dim], full))
+        return None
+    inverse = _inverse(view)
+    return None if inverse is None else _view(inverse, dest, dim)
 
 
 def _peel_views(body: Term) -> tuple[list[Term], Term]:
@@ -597,6 +639,10 @@ class Codegen:
                         raise
                     self.restore(saved)  # rows with room for whole vectors, which the view joins
                     return _view(a[0], self.packed(self.apply(a[1], v)), 0)
+        if op == "Comp" and dest is None and _is_view(a[0]):
+            rest, first = _undoable_first(a[0])
+            if rest is not None and first is not None:  # lay the result out for the part that can be
+                return self.apply(rest, self.apply(T("Comp", first, a[1]), v))
         if op == "Comp":
             inner_dest = self.before_view(a[0], dest)
             if inner_dest is not None:
