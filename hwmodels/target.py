@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from egraph_rules.hardware_rules import DeviceOp
-from egraph_rules.ir import Term, dtype_name, fin, nbytes, numel, shape_of, ta, ts
+from egraph_rules.ir import IRTypeError, Term, dtype_name, fin, nbytes, numel, shape_of, ta, ts
 
 INF = math.inf
 UNITS = ("dma", "mvu", "mfu", "issue")
@@ -162,6 +162,20 @@ class Target:
         per = math.ceil(nbytes(t) / units / (bandwidth or self.dram.bandwidth))
         return units * per, units
 
+    def store_cycles(self, t: Term) -> tuple[int, int]:
+        """(busy cycles, stores) to move a value of type t from chip to DRAM, a native vector per
+        store: codegen gives each row computed on chip room for whole vectors and stores it in
+        whole ones, so a row that is not whole vectors takes as many stores as its room."""
+        try:
+            shape = shape_of(t)
+        except IRTypeError:  # a pair: moved as its elements
+            shape = ()
+        if not shape:
+            return self.transfer_cycles(t, self.native_dim)
+        n = self.native_dim
+        stores = math.prod(shape[:-1]) * -(-shape[-1] // n)
+        return stores * math.ceil(n * nbytes(t) / numel(t) / self.dram.bandwidth), stores
+
     def cost_model(self, unpinned: frozenset[str] = frozenset()) -> CycleCost:
         """The cycle cost model; `unpinned` names e-classes of constants it does not let stay on
         chip (a pin budget chose others)."""
@@ -239,13 +253,13 @@ class CycleCost:
         written while the next run loads and computes (codegen queues each run's stores behind
         the next run's loads, `defer_stores`): the op units wait only for the row the next run's
         first result overwrites (the `cold` component: the rest of the drain is paid once)."""
-        busy, units = self.t.transfer_cycles(t, self.t.native_dim)
+        busy, units = self.t.store_cycles(t)
         latency = self.t.dram.latency
         drain = busy + latency
         c = list(_exposed(_unit_cost("dma", 0, max(busy, units) + latency), drain))
         c[_DRAIN] = c[_ISSUE] - units
         if t.op == "TA" and t.args[0].op == "TA":
-            row, _ = self.t.transfer_cycles(t.args[0], self.t.native_dim)
+            row, _ = self.t.store_cycles(t.args[0])
             c[_COLD] = max(0.0, drain - (row + latency))
         return tuple(c)
 
