@@ -262,6 +262,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     ws_swap_el = f"(Fork (Snd (TP (TA s k) (TA (TA s k) {N}))) (Fst (TP (TA s k) (TA (TA s k) {N}))))"
     pad_n = f"(+ n (- {N} (% n {N})))"
     pad_k = f"(+ k (- {N} (% k {N})))"
+    padded_o = f"(+ o (- {N} (% o {N})))"
     tpm = "(TP (TA (TA s k) n) (TA s k))"
     unary = []
     for op in ELEMENTWISE_UNARY_OPS:
@@ -319,7 +320,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
             rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, pad_k, pad_o), a,
                     [f"({'!=' if pad_o else '='} 0 (% o {N}))", f"({'!=' if pad_k else '='} 0 (% k {N}))", "(> n 1)",
-                     f"(<= (* n (+ {f'(+ o (- {N} (% o {N})))' if pad_o else 'o'} k)) {resident})"])
+                     f"(<= (* n (+ {padded_o if pad_o else 'o'} k)) {resident})"])
             for pad_o in (False, True) for pad_k in (False, True)),
              f"more than one row, the n x k rows and the n x o result fit on chip together ({resident} "
              f"elements); the k columns, and the o output columns, padded with zeros to whole tiles; weights of "

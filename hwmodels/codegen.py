@@ -549,6 +549,31 @@ class Codegen:
 
     # ------------------------------------------------------------ compilation
 
+    def laid_out_for_view(self, f: Term, v: object) -> object:
+        """f = view . g applied to v, for a view `_inverse` undoes: a strided view of g's result,
+        or, where the view has no strides over it, g's result laid out for the view."""
+        a = f.args
+        saved = self.snapshot()
+        inner: object = None
+        try:
+            inner = self.apply(a[1], v)
+            return _view(a[0], inner, 0)
+        except (CapacityError, InputError):  # laid out for the view, it would fail as well
+            raise
+        except CodegenError:  # not a strided view of the result: lay the result out for it
+            self.restore(saved)
+            space = self.result_space(a[1], v.space if isinstance(v, Buf) else None)
+            if space is None:
+                raise
+            out = self.allocate(space, shape_of(fout(f)))
+            try:
+                return self._apply(f, v, out)
+            except CodegenError:
+                if not self.packable(inner):
+                    raise
+                self.restore(saved)  # rows with room for whole vectors, which the view joins
+                return _view(a[0], self.packed(self.apply(a[1], v)), 0)
+
     def result_space(self, f: Term, src: str | None = None) -> str | None:
         """The memory f's result lives in, given the memory of its input (None: unknown)."""
         op, a = f.op, f.args
@@ -618,31 +643,12 @@ class Codegen:
             return out
         if op == "Comp" and a[0].op == "Const":  # a constant ignores its input
             return self.data(a[0].args[0])
-        if op == "Comp" and dest is None and _is_view(a[0]) and _inverse(a[0]) is not None:
-            saved = self.snapshot()
-            inner: object = None
-            try:
-                inner = self.apply(a[1], v)
-                return _view(a[0], inner, 0)
-            except (CapacityError, InputError):  # laid out for the view, it would fail as well
-                raise
-            except CodegenError:  # not a strided view of the result: lay the result out for it
-                self.restore(saved)
-                space = self.result_space(a[1], v.space if isinstance(v, Buf) else None)
-                if space is None:
-                    raise
-                out = self.allocate(space, shape_of(fout(f)))
-                try:
-                    return self._apply(f, v, out)
-                except CodegenError:
-                    if not self.packable(inner):
-                        raise
-                    self.restore(saved)  # rows with room for whole vectors, which the view joins
-                    return _view(a[0], self.packed(self.apply(a[1], v)), 0)
         if op == "Comp" and dest is None and _is_view(a[0]):
             rest, first = _undoable_first(a[0])
-            if rest is not None and first is not None:  # lay the result out for the part that can be
+            if first is not None and rest is not None:  # lay the result out for the part that can be
                 return self.apply(rest, self.apply(T("Comp", first, a[1]), v))
+            if first is not None:
+                return self.laid_out_for_view(f, v)
         if op == "Comp":
             inner_dest = self.before_view(a[0], dest)
             if inner_dest is not None:

@@ -174,7 +174,8 @@ class Target:
             return self.transfer_cycles(t, self.native_dim)
         n = self.native_dim
         stores = math.prod(shape[:-1]) * -(-shape[-1] // n)
-        return stores * math.ceil(n * nbytes(t) / numel(t) / self.dram.bandwidth), stores
+        one, _ = self.transfer_cycles(ta(ts(dtype_name(t)), n), n)
+        return stores * one, stores
 
     def cost_model(self, unpinned: frozenset[str] = frozenset()) -> CycleCost:
         """The cycle cost model; `unpinned` names e-classes of constants it does not let stay on
