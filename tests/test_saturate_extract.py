@@ -9,6 +9,7 @@ import pytest
 
 from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule, rewrite, shared_rewrite
+from egraph_rules import saturate
 from egraph_rules.saturate import PLANNER_SWITCH, Budget, EGraphError, Saturator, uses_of
 from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from frontend.layers import build_model
@@ -87,6 +88,26 @@ def test_a_step_past_the_node_limit_is_kept_unless_past_its_undo_factor():
     assert limited.stats.matches_per_rule == five.stats.matches_per_rule
     model = TARGET.cost_model()
     assert extract_greedy(limited, limited.roots["root"], model).term == extract_greedy(five, five.roots["root"], model).term
+
+
+def test_steps_that_took_the_replay_seconds_get_a_snapshot_so_an_undo_replays_none(monkeypatch):
+    """Linear(8, 8)'s undone sixth step goes back to the snapshot at 174 e-nodes and replays the
+    step after it. Once the steps since a snapshot take `REPLAY_SECONDS` (here: any), the next
+    step gets a snapshot of its own, so the undo replays nothing, and the e-graph is the same."""
+    term = build_model(["Linear(8, 8)"], (1, 8), values=False).term
+    replayed: list[int] = []
+    replay = Saturator._replay
+    monkeypatch.setattr(Saturator, "_replay", lambda self, steps: (replayed.append(steps), replay(self, steps)))
+    budget = Budget(nodes=300, undo_past=1)
+    default = saturated(term, budget=budget)
+    monkeypatch.setattr(saturate, "REPLAY_SECONDS", 0.0)
+    eager = saturated(term, budget=budget)
+    assert replayed == [1, 0]
+    assert eager.stats.stop_reason == default.stats.stop_reason
+    assert (eager.stats.enodes, eager.stats.eclasses, eager.stats.iterations) == (
+        default.stats.enodes, default.stats.eclasses, default.stats.iterations)
+    model = TARGET.cost_model()
+    assert extract_greedy(eager, eager.roots["root"], model).term == extract_greedy(default, default.roots["root"], model).term
 
 
 def test_leaving_an_extension_restores_the_egraph_after_an_undone_step():
