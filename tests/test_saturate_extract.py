@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from egraph_rules import saturate
 from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule, rewrite, shared_rewrite
-from egraph_rules import saturate
 from egraph_rules.saturate import PLANNER_SWITCH, Budget, EGraphError, Saturator, uses_of
 from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from frontend.layers import build_model
