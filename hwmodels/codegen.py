@@ -281,13 +281,19 @@ def _before(view: Term, dest: Buf, dim: int) -> Buf | None:
         outer = _before(a[0], dest, dim)
         return None if outer is None else _before(a[1], outer, dim)
     if op == "Slice":
-        full = a[2].args[1]
-        last = dim == len(dest.shape) - 1 and dim > 0 and dest.strides[dim] == 1 and dest.host is None
-        if a[0] == 0 and last and dest.shape[dim] == a[1] and dest.strides[dim - 1] >= full:
-            return replace(dest, shape=(*dest.shape[:dim], full))
-        return None
+        return None if dim == 0 else _widened_slice(view, dest, dim, dest.strides[dim - 1])
     inverse = _inverse(view)
     return None if inverse is None else _view(inverse, dest, dim)
+
+
+def _widened_slice(view: Term, dest: Buf, dim: int, room: int) -> Buf | None:
+    """For view = Slice(0, k) of rows of `full` elements written along dimension dim of dest (its
+    last, of unit stride): dest with whole rows there, where each row has `room` for `full`
+    elements (None: it has not, or the Slice does not start at 0)."""
+    start, k, full = view.args[0], view.args[1], view.args[2].args[1]
+    fits = (start == 0 and dest.host is None and dim == len(dest.shape) - 1 and dest.strides[dim] == 1
+            and dest.shape[dim] == k and full <= room)
+    return replace(dest, shape=(*dest.shape[:dim], full)) if fits else None
 
 
 def _peel_views(body: Term) -> tuple[list[Term], Term]:
@@ -476,9 +482,7 @@ class Codegen:
             return None
         op, a = view.op, view.args
         if op == "Slice":
-            full = a[2].args[1]
-            fits = a[0] == 0 and len(dest.shape) == 1 and dest.strides == (1,) and full <= self.row_room(dest.shape[0])
-            return replace(dest, shape=(full,)) if fits else None
+            return _widened_slice(view, dest, 0, self.row_room(dest.shape[0])) if len(dest.shape) == 1 else None
         inverse = _inverse(view)
         if inverse is None:
             return None

@@ -173,7 +173,7 @@ class Target:
         if not shape:
             return self.transfer_cycles(t, self.native_dim)
         n = self.native_dim
-        stores = math.prod(shape[:-1]) * -(-shape[-1] // n)
+        stores = math.prod(shape[:-1]) * math.ceil(shape[-1] / n)
         one, _ = self.transfer_cycles(ta(ts(dtype_name(t)), n), n)
         return stores * one, stores
 
