@@ -27,6 +27,11 @@ def _structural() -> list[Rule]:
         n = pick(rng, 1, 6)
         return T("Comp", T("Comp", T("VVRelu", vec(n)), T("ToChip", "mem", vec(n))), T("VVSigm", vec(n)))
 
+    def ex_assoc_view(rng):
+        n, m = pick(rng, 1, 3), pick(rng, 1, 3)
+        blocks = T("Comp", T("Map", T("Join", mat(m, n)), 2), T("Transpose", T("TA", mat(2, n), m)))
+        return T("Comp", blocks, T("Map", T("Map", T("VVRelu", vec(n)), 2), m))
+
     def ex_fork_dist(rng):
         n = pick(rng, 1, 6)
         return T("Comp", T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))), T("VVSigm", vec(n)))
@@ -111,9 +116,15 @@ def _structural() -> list[Rule]:
             f"(rule ((= p (Comp fg h)) (= fg (Comp f g))) ((leftcomp fg h p) (union p (Comp f (Comp g h))) "
             f"(subsume (Comp fg h))) :ruleset {a})",
             f"(rule ((leftcomp fg h p) (= fg (Comp f (ToChip sp t)))) ((union p (Comp f (Comp (ToChip sp t) h)))) "
-            f":ruleset {a})"), "none",
+            f":ruleset {a})",
+            f"(rule ((leftcomp fg h p) (= fg (Comp (Map (Join t) n) g))) ((union p (Comp (Map (Join t) n) (Comp g h)))) "
+            f":ruleset {a})"),
+             "none",
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them (also for a move "
-             "f . ToChip found in the class of f . g after (f . g) . h was re-associated)", ex_assoc, ex_assoc_move),
+             "f . ToChip, or a Map of Join v . g, found in the class of f . g after (f . g) . h was re-associated: "
+             "the rows a tiling rule joins from blocks of results, which a store then passes into the loop over "
+             "blocks)",
+             ex_assoc, ex_assoc_move, ex_assoc_view),
         Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",
              "Fork(f, g) . h = Fork(f . h, g . h)", ex_fork_dist),
         Rule("fst-of-fork", a, (rewrite("(Comp (Fst t) (Fork f g))", "f", a, subsume=True),), "none",
@@ -154,11 +165,13 @@ def _structural() -> list[Rule]:
 # ---------------------------------------------------------------- tiling and padding
 
 
-def _stationary_tiles(N: int, pad_k: bool, pad_o: bool) -> str:
-    """The right-hand side of mmmul-weight-stationary-tiles: (A [n][k], B [k][o]) -> [n][o] as a
-    Map over the o/N blocks j of output columns of (the sum over the k/N column tiles t of (a Map
-    over the rows a of A of MVMul(tile (j, t), slice t of a))); k padded to whole tiles when
-    `pad_k`; when `pad_o`, o too (B's zero columns give zero results, sliced off each row)."""
+def _stationary_tiles(N: int, pad_k: bool, pad_o: bool, bias: bool = False) -> list[str]:
+    """The stages of the right-hand side of mmmul-weight-stationary-tiles: (A [n][k], B [k][o]) ->
+    [n][o] as a Map over the o/N blocks j of output columns of (the sum over the k/N column tiles t
+    of (a Map over the rows a of A of MVMul(tile (j, t), slice t of a))); k padded to whole tiles
+    when `pad_k`; when `pad_o`, o too (B's zero columns give zero results, sliced off each row).
+    With `bias`, of the GEMM and a constant row b added to every result row (`u` its type): each
+    block's rows get b's block j added in the loop over blocks (padded with zeros when `pad_o`)."""
     def arr(e: str, n: str) -> str:
         return f"(TA {e} {n})"
 
@@ -189,9 +202,20 @@ def _stationary_tiles(N: int, pad_k: bool, pad_o: bool) -> str:
     add_rows = chain([f"(Map (VVAdd (TP {v} {v})) n)", f"(Zip (TP {rows} {rows}))"], None)
     per_block = chain([f"(Reduce {add_rows} {xs_t})", f"(Map {per_tile} {kt})", f"(Zip (TP {tiles_j} {xs_t}))"], None)
     sliced = [f"(Map (Slice 0 o {arr('s', op)}) n)"] if pad_o else []
-    return chain([*sliced, f"(Map (Join {arr(v, blocks)}) n)", f"(Transpose {arr(rows, blocks)})",
-                  f"(Map {per_block} {blocks})", f"(DistR (TP {arr(tiles_j, blocks)} {xs_t}))",
-                  f"(Fork {chain(ws, f'(Snd {p})')} {chain(xs, f'(Fst {p})')})"], None)
+    weights = chain(ws, f"(Snd {p})")
+    if bias:  # each block's element: ((its tiles, its block of b), A's slices)
+        b_padded = f"(App (Pad 0 {pad_out} u) b)" if pad_o else "b"
+        b_blocks = f"(Const (App (Split {N} {arr('s', op)}) {b_padded}) {p})"
+        with_b = f"(TP {tiles_j} {v})"
+        elem = f"(TP {with_b} {xs_t})"
+        per_block = chain([f"(Map (VVAdd (TP {v} {v})) n)", f"(DistR (TP {rows} {v}))",
+                           f"(Fork (Comp {per_block} (Fork (Comp (Fst {with_b}) (Fst {elem})) (Snd {elem}))) "
+                           f"(Comp (Snd {with_b}) (Fst {elem})))"], None)
+        weights = chain([f"(Zip (TP {arr(tiles_j, blocks)} {arr(v, blocks)}))", f"(Fork {weights} {b_blocks})"], None)
+        tiles_j = with_b
+    return [*sliced, f"(Map (Join {arr(v, blocks)}) n)", f"(Transpose {arr(rows, blocks)})",
+            f"(Map {per_block} {blocks})", f"(DistR (TP {arr(tiles_j, blocks)} {xs_t}))",
+            f"(Fork {weights} {chain(xs, f'(Fst {p})')})"]
 
 
 def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
@@ -256,6 +280,16 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         k = pick(rng, 1, 2 * N + 1)
         return T("MMMul", tp(mat(pick(rng, 2, 3), k), mat(k, N * pick(rng, 0, 1) + pick(rng, 1, N - 1))))
 
+    def with_bias(make):
+        """Examples of a GEMM example followed by a bias add on every result row."""
+        def example(rng):
+            gemm = make(rng)
+            u = vec(gemm.args[0].args[1].args[0].args[1])
+            row = T("Comp", T("VVAdd", tp(u, u)), T("Fork", T("Id", u), T("Const", T("Var", "b", u), u)))
+            return T("Comp", T("Map", row, gemm.args[0].args[0].args[1]), gemm)
+        return example
+
+    ex_ws_bias_tiles, ex_ws_bias_tiles_pad_out = with_bias(ex_ws_tiles), with_bias(ex_ws_tiles_pad_out)
     ws_in = "(TP (TA (TA s k) n) (TA (TA s o) k))"
     ws_blocks = f"(TA (TA (TA s k) {N}) (/ o {N}))"
     ws_swap_in = f"(Fork (Snd (TP (TA (TA s k) {N}) (TA (TA s k) n))) (Fst (TP (TA (TA s k) {N}) (TA (TA s k) n))))"
@@ -318,7 +352,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              f"MVMul(block, a): the weight loop outside (weight-stationary), so each block is moved on chip "
              f"once for all rows", ex_ws),
         Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
-            rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", _stationary_tiles(N, pad_k, pad_o), a,
+            rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", chain(_stationary_tiles(N, pad_k, pad_o), None), a,
                     [f"({'!=' if pad_o else '='} 0 (% o {N}))", f"({'!=' if pad_k else '='} 0 (% k {N}))", "(> n 1)",
                      f"(<= (* n (+ {padded_o if pad_o else 'o'} k)) {resident})"])
             for pad_o in (False, True) for pad_k in (False, True)),
@@ -330,6 +364,17 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              f"(the systolic array's weight-stationary loop: preload a tile, stream every row through it), and "
              f"each step of the sum is n independent adds; output columns padded to whole blocks are sliced off",
              ex_ws_tiles, ex_ws_tiles_pad_out),
+        Rule(f"mmmul-bias-weight-stationary-tiles/{N}", a, tuple(
+            r for pad_o in (False, True) for pad_k in (False, True) for r in chain_rewrites(
+                ["(Map (Comp (VVAdd (TP u u)) (Fork (Id u) (Const b u))) n)", "(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))"],
+                _stationary_tiles(N, pad_k, pad_o, bias=True), a,
+                [f"({'!=' if pad_o else '='} 0 (% o {N}))", f"({'!=' if pad_k else '='} 0 (% k {N}))", "(> n 1)",
+                 f"(<= (* n (+ {padded_o if pad_o else 'o'} k)) {resident})"])),
+             f"as mmmul-weight-stationary-tiles/{N}",
+             f"Map (+ b) . (A . B) = mmmul-weight-stationary-tiles/{N} with b's block j added to each row of block "
+             f"j's sum in the loop over blocks: a layer's bias added where its block of results is, so the block "
+             f"can be stored there too (tooutput-into-map), and the results need never be on chip all at once",
+             ex_ws_bias_tiles, ex_ws_bias_tiles_pad_out),
         Rule(f"mvmul-split-rows/{N}", a, (rewrite(
             f"(MVMul {tpm})",
             f"(Comp (Join (TA (TA s {N}) (/ n {N}))) (Comp (Map (MVMul (TP (TA (TA s k) {N}) (TA s k))) (/ n {N})) "
@@ -579,6 +624,11 @@ def _movement() -> list[Rule]:
         k, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Comp", T("ToOutput", mat(m, k)), T("Split", k, vec(k * m)))
 
+    def ex_store_transpose(rng):
+        n, k = pick(rng, 1, 3), pick(rng, 1, 4)
+        m = n + pick(rng, 1, 2)  # a transpose of a square array keeps its type, which the rule leaves alone
+        return T("Comp", T("ToOutput", T("TA", mat(n, k), m)), T("Transpose", T("TA", mat(m, k), n)))
+
     def ex_store_map(rng):
         n, m = pick(rng, 1, 4), pick(rng, 1, 4)
         return T("Comp", T("ToOutput", T("TA", vec(n), m)), T("Map", T("VVRelu", vec(n)), m))
@@ -599,11 +649,13 @@ def _movement() -> list[Rule]:
 
     return [
         Rule("tooutput-through-view", a, (
-            rewrite("(Comp (ToOutput t) v)", "(Comp v (ToOutput u))", a, ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
+            rewrite("(Comp (ToOutput t) v)", "(Comp v (ToOutput u))", a, ["(rowview v)", "(= u (fin v))", "(!= u t)"]),
             rewrite("(Comp (ToOutput t) (Comp v r))", "(Comp v (Comp (ToOutput u) r))", a,
-                    ["(reindex v)", "(= u (fin v))", "(!= u t)"]),
-        ), "v only re-indexes (Split, Join, Zip, DistR, Slice, maps of these)",
-             "storing a re-indexed value = re-indexing the stored value (the reader follows the view)", ex_store_view),
+                    ["(rowview v)", "(= u (fin v))", "(!= u t)"]),
+        ), "v only re-indexes whole rows (Split, Join, Zip, DistR, Slice, Transposes of outer dimensions, maps of "
+           "these)",
+             "storing a re-indexed value = re-indexing the stored value (the reader follows the view; rows stay "
+             "whole, so each is stored in whole native vectors)", ex_store_view, ex_store_transpose),
         Rule("tooutput-into-map", a, chain_rewrites(["(ToOutput (TA t n))", "(Map f n)"], ["(Map (Comp (ToOutput t) f) n)"], a),
              "none", "storing a loop's results = storing each result in its iteration (only one result is on chip "
              "at a time)", ex_store_map),

@@ -35,9 +35,6 @@ KNOWN_MISSES = {
     ("MatMul(256, 128)", "brainwave"): "the 16 rows' input vectors are loaded before the loop (2.7x faster than "
     "loading each row in it); each row's two products are written to the same two vectors, so the next row's "
     "products wait for this row's add to read them, which the model does not charge (608 predicted, 752 simulated)",
-    ("MatMul(256, 128)", "vta"): "the 16 rows run weight-stationary through the pinned tiles (10,166 cycles; 13,404 "
-    "row by row); the compute unit is busy 5,888 cycles and done at 9,925, its adds waiting on GEMM and ALU "
-    "latencies from loop to loop, which the model charges in part (8,531 predicted)",
     ("MaxPool2d(3, stride=2)", "brainwave"): "the 16 pooled pixels' 16 channels are stored as 16 whole vectors "
     "(128 wide), which stream behind the vector unit's max steps; the model has the vector unit wait for the whole "
     "store after its last step (1,616 predicted), where the DMA unit is done last, at 1,380 cycles as predicted",
@@ -45,9 +42,6 @@ KNOWN_MISSES = {
     "a program the chain of dependent loops, the last GEMM, its bias ALU.ADD, ALU.MAXI and STORE each waiting out "
     "the one before (81, 48, 47 cycles, then the store's 151), is the critical path; the model charges the loads' "
     "and the store's waits, not the loops' latencies (461 predicted)",
-    ("Conv2d(16, 32, 1)", "systolic"): "the 16 pixels run weight-stationary (363 cycles; 1,789 pixel by pixel), the "
-    "DMA unit last; the model has the mesh and the vector unit done at 428 (after waiting for the weights' staging "
-    "and the rows' loads from cold), the simulator at 210 and 262",
 }
 
 
