@@ -6,7 +6,7 @@ so saturation stays bounded (splitting never recurses below a native size).
 
 from __future__ import annotations
 
-from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, ELEMENTWISE_UNARY_OPS, REDUCTION_IDENTITY, T, Term, comp, tp
+from egraph_rules.ir import ELEMENTWISE_BINARY_OPS, ELEMENTWISE_UNARY_OPS, REDUCTION_IDENTITY, T, Term, comp, fout, tp
 from egraph_rules.lift_algebra import layout_algebra_rules, tiled_algebra_rules
 from egraph_rules.rule_examples import mat, pick, var, vec
 from egraph_rules.rules import Rule, chain, chain_rewrites, rewrite, tail_chain, tail_walk
@@ -284,9 +284,9 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         """Examples of a GEMM example followed by a bias add on every result row."""
         def example(rng):
             gemm = make(rng)
-            u = vec(gemm.args[0].args[1].args[0].args[1])
+            u, n = fout(gemm).args  # the result's rows and their count
             row = T("Comp", T("VVAdd", tp(u, u)), T("Fork", T("Id", u), T("Const", T("Var", "b", u), u)))
-            return T("Comp", T("Map", row, gemm.args[0].args[0].args[1]), gemm)
+            return T("Comp", T("Map", row, n), gemm)
         return example
 
     ex_ws_bias_tiles, ex_ws_bias_tiles_pad_out = with_bias(ex_ws_tiles), with_bias(ex_ws_tiles_pad_out)
@@ -297,6 +297,13 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
     pad_n = f"(+ n (- {N} (% n {N})))"
     pad_k = f"(+ k (- {N} (% k {N})))"
     padded_o = f"(+ o (- {N} (% o {N})))"
+
+    def tiles_guard(o_padded: bool, k_padded: bool) -> list[str]:
+        """When the tiling rules (with or without a bias) fire: o and k whole tiles or padded to
+        them, more than one row, the rows and the (padded) results within `resident`."""
+        return [f"({'!=' if o_padded else '='} 0 (% o {N}))", f"({'!=' if k_padded else '='} 0 (% k {N}))", "(> n 1)",
+                f"(<= (* n (+ {padded_o if o_padded else 'o'} k)) {resident})"]
+
     tpm = "(TP (TA (TA s k) n) (TA s k))"
     unary = []
     for op in ELEMENTWISE_UNARY_OPS:
@@ -353,8 +360,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
              f"once for all rows", ex_ws),
         Rule(f"mmmul-weight-stationary-tiles/{N}", a, tuple(
             rewrite("(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))", chain(_stationary_tiles(N, pad_k, pad_o), None), a,
-                    [f"({'!=' if pad_o else '='} 0 (% o {N}))", f"({'!=' if pad_k else '='} 0 (% k {N}))", "(> n 1)",
-                     f"(<= (* n (+ {padded_o if pad_o else 'o'} k)) {resident})"])
+                    tiles_guard(pad_o, pad_k))
             for pad_o in (False, True) for pad_k in (False, True)),
              f"more than one row, the n x k rows and the n x o result fit on chip together ({resident} "
              f"elements); the k columns, and the o output columns, padded with zeros to whole tiles; weights of "
@@ -367,9 +373,7 @@ def _tiling(n_: int, resident: int, pinnable: int) -> list[Rule]:
         Rule(f"mmmul-bias-weight-stationary-tiles/{N}", a, tuple(
             r for pad_o in (False, True) for pad_k in (False, True) for r in chain_rewrites(
                 ["(Map (Comp (VVAdd (TP u u)) (Fork (Id u) (Const b u))) n)", "(MMMul (TP (TA (TA s k) n) (TA (TA s o) k)))"],
-                _stationary_tiles(N, pad_k, pad_o, bias=True), a,
-                [f"({'!=' if pad_o else '='} 0 (% o {N}))", f"({'!=' if pad_k else '='} 0 (% k {N}))", "(> n 1)",
-                 f"(<= (* n (+ {padded_o if pad_o else 'o'} k)) {resident})"])),
+                _stationary_tiles(N, pad_k, pad_o, bias=True), a, tiles_guard(pad_o, pad_k))),
              f"as mmmul-weight-stationary-tiles/{N}",
              f"Map (+ b) . (A . B) = mmmul-weight-stationary-tiles/{N} with b's block j added to each row of block "
              f"j's sum in the loop over blocks: a layer's bias added where its block of results is, so the block "

@@ -167,7 +167,6 @@ def test_an_activation_after_padded_bands_runs_in_the_band_loop():
     assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
 
 
-
 def _stored_in_the_block_loop(layer: str):
     """`layer` over 16 rows of 64 on a systolic array whose accumulator (16 KiB) cannot hold the
     16 x 320 results (20 KiB) at once: the program must store each block of 16 output columns in
