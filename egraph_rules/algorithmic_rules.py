@@ -32,6 +32,13 @@ def _structural() -> list[Rule]:
         blocks = T("Comp", T("Map", T("Join", mat(m, n)), 2), T("Transpose", T("TA", mat(2, n), m)))
         return T("Comp", blocks, T("Map", T("Map", T("VVRelu", vec(n)), 2), m))
 
+    def ex_assoc_moved_twice(rng):
+        n = pick(rng, 1, 6)
+        pair = tp(vec(n), vec(n + pick(rng, 0, 1)))
+        move = T("Fork", T("Comp", T("ToChip", "mem", vec(n)), T("Fst", pair)), T("Snd", pair))
+        reader = T("Comp", T("VVRelu", fout(T("Snd", pair))), T("Snd", pair))
+        return T("Comp", T("Comp", reader, move), move)
+
     def ex_fork_dist(rng):
         n = pick(rng, 1, 6)
         return T("Comp", T("Fork", T("VVRelu", vec(n)), T("VVTanh", vec(n))), T("VVSigm", vec(n)))
@@ -111,20 +118,25 @@ def _structural() -> list[Rule]:
              "run a GRU's h - n as an add and a multiply by a pinned constant", ex_sub_same),
         # subsuming hides (f . g) . h from every later match: a move the class of f . g gains
         # later (one hoisted out of a loop) is re-associated next to h through the `leftcomp`
-        # record, where tochip-elide sees what it moves
+        # record, where tochip-elide sees what it moves; and (f . m) . m, a move m hoisted out of
+        # a loop and fused back in once more, is f . m even where both compositions are hidden
+        # (without it, brainwave's Linear(1024, 1024) at batch 16 gained a move of its weights on
+        # the input row's branch every third step and never saturated)
         Rule("compose-assoc", a, (
             f"(rule ((= p (Comp fg h)) (= fg (Comp f g))) ((leftcomp fg h p) (union p (Comp f (Comp g h))) "
             f"(subsume (Comp fg h))) :ruleset {a})",
             f"(rule ((leftcomp fg h p) (= fg (Comp f (ToChip sp t)))) ((union p (Comp f (Comp (ToChip sp t) h)))) "
             f":ruleset {a})",
             f"(rule ((leftcomp fg h p) (= fg (Comp (Map (Join t) n) g))) ((union p (Comp (Map (Join t) n) (Comp g h)))) "
-            f":ruleset {a})"),
+            f":ruleset {a})",
+            f"(rule ((leftcomp fg m p) (leftcomp f m fg) (ismove m)) ((union p fg)) :ruleset {a})"),
              "none",
              "(f . g) . h = f . (g . h); keeps compositions right-nested so chain rules see them (also for a move "
              "f . ToChip, or a Map of Join v . g, found in the class of f . g after (f . g) . h was re-associated: "
              "the rows a tiling rule joins from blocks of results, which a store then passes into the loop over "
-             "blocks)",
-             ex_assoc, ex_assoc_move, ex_assoc_view),
+             "blocks; and (f . m) . m = f . m for m a stage that moves one part of a pair on chip: moving twice is "
+             "moving once)",
+             ex_assoc, ex_assoc_move, ex_assoc_view, ex_assoc_moved_twice),
         Rule("fork-distribute", a, (rewrite("(Comp (Fork f g) h)", "(Fork (Comp f h) (Comp g h))", a),), "none",
              "Fork(f, g) . h = Fork(f . h, g . h)", ex_fork_dist),
         Rule("fst-of-fork", a, (rewrite("(Comp (Fst t) (Fork f g))", "f", a, subsume=True),), "none",

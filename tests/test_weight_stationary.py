@@ -200,3 +200,17 @@ def test_a_bias_is_added_where_each_block_of_results_is():
     assert r.ops["preload"] == 64 * 320 // 16 // 16
     assert r.ops["compute"] == 16 * r.ops["preload"]
     assert r.ops["mvout"] == 16 * 320 // 16
+
+
+def test_a_weight_move_fused_back_into_its_loop_is_not_stacked_again():
+    """Linear(1024, 1024) at batch 16 on brainwave: `tochip-hoist-from-map` takes the weights' move
+    out of the loop over blocks, `map-fusion` fuses it back in and `fork-distribute` puts it on
+    the branch that reads only the row, a composition (f . m) . m whose both halves compose-assoc
+    has hidden. Its `leftcomp` records make it f . m, so the e-graph saturates (26 iterations in
+    all); without that, the branch gained one more move every third step and saturation stopped
+    at the iteration limit (3,211 e-nodes), with the same program."""
+    r = optimize(["Linear(1024, 1024)"], (16, 1024), target="brainwave")
+    assert r.egraph.saturated, r.egraph.stop_reason
+    assert r.egraph.enodes < 3000
+    assert r.max_rel_error <= 1e-4
+    assert r.ops["mv_mul"] == 16 * 8 * 8  # each row through each of the 8 x 8 weight tiles once
