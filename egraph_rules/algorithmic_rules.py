@@ -34,9 +34,10 @@ def _structural() -> list[Rule]:
 
     def ex_assoc_moved_twice(rng):
         n = pick(rng, 1, 6)
-        pair = tp(vec(n), vec(n + pick(rng, 0, 1)))
+        second = vec(n + pick(rng, 0, 1))
+        pair = tp(vec(n), second)
         move = T("Fork", T("Comp", T("ToChip", "mem", vec(n)), T("Fst", pair)), T("Snd", pair))
-        reader = T("Comp", T("VVRelu", fout(T("Snd", pair))), T("Snd", pair))
+        reader = T("Comp", T("VVRelu", second), T("Snd", pair))
         return T("Comp", T("Comp", reader, move), move)
 
     def ex_fork_dist(rng):
@@ -215,6 +216,7 @@ def _stationary_tiles(N: int, pad_k: bool, pad_o: bool, bias: bool = False) -> l
     per_block = chain([f"(Reduce {add_rows} {xs_t})", f"(Map {per_tile} {kt})", f"(Zip (TP {tiles_j} {xs_t}))"], None)
     sliced = [f"(Map (Slice 0 o {arr('s', op)}) n)"] if pad_o else []
     weights = chain(ws, f"(Snd {p})")
+    block_t = tiles_j  # what each block pairs with A's slices: its tiles (and, with bias, its block of b)
     if bias:  # each block's element: ((its tiles, its block of b), A's slices)
         b_padded = f"(App (Pad 0 {pad_out} u) b)" if pad_o else "b"
         b_blocks = f"(Const (App (Split {N} {arr('s', op)}) {b_padded}) {p})"
@@ -224,9 +226,9 @@ def _stationary_tiles(N: int, pad_k: bool, pad_o: bool, bias: bool = False) -> l
                            f"(Fork (Comp {per_block} (Fork (Comp (Fst {with_b}) (Fst {elem})) (Snd {elem}))) "
                            f"(Comp (Snd {with_b}) (Fst {elem})))"], None)
         weights = chain([f"(Zip (TP {arr(tiles_j, blocks)} {arr(v, blocks)}))", f"(Fork {weights} {b_blocks})"], None)
-        tiles_j = with_b
+        block_t = with_b
     return [*sliced, f"(Map (Join {arr(v, blocks)}) n)", f"(Transpose {arr(rows, blocks)})",
-            f"(Map {per_block} {blocks})", f"(DistR (TP {arr(tiles_j, blocks)} {xs_t}))",
+            f"(Map {per_block} {blocks})", f"(DistR (TP {arr(block_t, blocks)} {xs_t}))",
             f"(Fork {weights} {chain(xs, f'(Fst {p})')})"]
 
 
