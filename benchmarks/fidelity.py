@@ -6,9 +6,9 @@ layers (benchmarks/targets.py), on every built-in target, timing-only: the extra
 predicted cycles beside its simulated cycles. It prints every row worst-first (ratio =
 predicted / simulated, with the unit the model has done last, when the simulator had it done,
 and the unit the simulator kept busiest: `Result.units_dict`) and, per target, how many rows
-are within +-10%, the median and the worst |error| and the longest greedy extraction (the
-issue's bound: 0.5 s per layer and target); layers a target has no program for are listed
-apart.
+are within +-10%, the median and the worst |error|, the longest greedy extraction (the
+issue's bound: 0.5 s per layer and target) and how the saturations stopped (a time limit makes
+a program depend on the machine's load); layers a target has no program for are listed apart.
 
 Why: extraction chooses programs by the prediction, so a prediction that drifts from what the
 machine does picks the wrong programs; the simulator is the ground truth.
@@ -29,6 +29,7 @@ import os
 import platform
 import statistics
 import time
+from collections import Counter
 
 from deepbench import layers as deepbench_layers
 from targets import LAYERS as TARGET_LAYERS
@@ -65,7 +66,7 @@ def measure(target: str, name: str, specs: list[str], shape: tuple[int, ...]) ->
         row["error"] = str(exc).splitlines()[0]
     else:
         row.update(predicted=r.predicted_cycles, simulated=r.cycles, ratio=r.predicted_cycles / r.cycles,
-                   extract_seconds=r.extract_seconds, units=r.units_dict())
+                   extract_seconds=r.extract_seconds, units=r.units_dict(), stop=r.egraph.stop_reason)
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -96,6 +97,13 @@ def busiest(row: dict) -> str:
     return f"{u} {units[u]}"
 
 
+def stops(rows: list[dict]) -> str:
+    """How the rows' saturations stopped, e.g. "275 saturated, 19 iteration limit, 21 node limit"
+    (the reason without its figures; "-" where no row recorded one)."""
+    counts = Counter(r["stop"].split(" (")[0] for r in rows if "stop" in r)
+    return ", ".join(f"{n} {why}" for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
+
+
 def report(rows: list[dict], targets: list[str]) -> str:
     """The worst-first table, the per-target summary and the rows without a program."""
     done = sorted((r for r in rows if "ratio" in r), key=lambda r: (-error(r), r["target"], r["layer"]))
@@ -104,7 +112,7 @@ def report(rows: list[dict], targets: list[str]) -> str:
     lines += [f"| {r['layer']} | {r['target']} | {r['predicted']:.0f} | {r['simulated']} | {r['ratio']:.3f} | "
               f"{longest(r)} | {busiest(r)} |" for r in done]
     lines += ["", "| target | rows | within ±10% | median abs error | worst abs error | worst layer | "
-              "max greedy extraction s |", "|---|---|---|---|---|---|---|"]
+              "max greedy extraction s | saturation stopped |", "|---|---|---|---|---|---|---|---|"]
     for t in [*targets, "all"]:
         mine = [r for r in done if t in ("all", r["target"])]
         if not mine:
@@ -113,7 +121,7 @@ def report(rows: list[dict], targets: list[str]) -> str:
         within = sum(error(r) <= TOLERANCE for r in mine)
         lines.append(f"| {t} | {len(mine)} | {within} | {statistics.median(map(error, mine)):.1%} | "
                      f"{error(worst):.1%} | {worst['layer']}{'' if t != 'all' else ' on ' + worst['target']} | "
-                     f"{max(r['extract_seconds'] for r in mine):.2f} |")
+                     f"{max(r['extract_seconds'] for r in mine):.2f} | {stops(mine)} |")
     failed = [r for r in rows if "error" in r]
     if failed:
         lines += ["", "No program (not counted above):", ""]

@@ -7,8 +7,9 @@ lists, and an e-node is combined again whenever a child's list changes, until no
 cheapest changes are combined first, as greedy extraction prices (in node-id order, a
 GRU(1024) step's 6 k e-nodes on the systolic array were combined 105 k times, 12 s).
 Keeping one term per cost vector also keeps out the best program wrapped in identities
-(Comp(Id, f) lives in f's class and costs the same). Ties go to the smaller term, then to node
-ids, so the order is deterministic; the first program returned is greedy extraction's.
+(Comp(Id, f) lives in f's class and costs the same). Ties go to the lesser work (the model's
+tie-break, as in greedy extraction), then to the smaller term, then to node ids, so the order is
+deterministic; the first program returned is greedy extraction's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from itertools import zip_longest
 from egraph_rules.ir import Term
 from egraph_rules.saturate import SaturatedGraph, gc_paused
 from extraction.greedy import (INF, Computation, CostModel, Extracted, GraphView, combiner_of, computations,
-                               extract_greedy, fixpoint)
+                               extract_greedy, fixpoint, work_of)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class _Cand:
     greedy extraction)."""
 
     scalar: float
+    work: float
     size: int
     key: int
     node: str
@@ -39,7 +41,7 @@ class _Cand:
     cost: object
 
     def rank(self) -> tuple:
-        return (self.scalar, self.size, self.node, self.choice)
+        return (self.scalar, self.work, self.size, self.node, self.choice)
 
 
 def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width: int | None = None) -> list[Extracted]:
@@ -48,7 +50,7 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     width = max(width or k, k)
     view = GraphView(graph)
     best: dict[str, list[_Cand]] = {}
-    made: dict[tuple, tuple[int, object, float, int]] = {}
+    made: dict[tuple, tuple[int, object, float, float, int]] = {}
     combiner, combines = combiner_of(model), {}
 
     def improve(it: Computation) -> bool | float:
@@ -70,13 +72,14 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
 
 
 def _combine(it: Computation, combine: Callable[[list[object]], object], best: dict[str, list[_Cand]],
-             model: CostModel, width: int, made: dict[tuple, tuple[int, object, float, int]]) -> list[_Cand]:
+             model: CostModel, width: int, made: dict[tuple, tuple[int, object, float, float, int]]) -> list[_Cand]:
     """The node's `width` cheapest candidates: choices of child candidates explored best-first
     from (0, 0, ...), priced by `combine` (the node's cost from its children's). `made` numbers
     distinct terms (an e-node and its children's numbers), so comparing candidates is cheap, and
-    keeps each one's cost, cycles and size: a node is combined again whenever a child's list
+    keeps each one's cost, cycles, work and size: a node is combined again whenever a child's list
     changes, mostly from the same child candidates."""
     lists = [best[c] for c in it.kids]
+    work = work_of(model)
     scalars = [[c.scalar for c in lst] for lst in lists]
     sizes = [[c.size for c in lst] for lst in lists]
     out: list[_Cand] = []
@@ -90,9 +93,9 @@ def _combine(it: Computation, combine: Callable[[list[object]], object], best: d
         entry = made.get(term)
         if entry is None:
             cost = combine([c.cost for c in chosen])
-            entry = made[term] = (len(made), cost, model.scalar(cost), 1 + sum(c.size for c in chosen))
-        key, cost, scalar, size = entry
-        out.append(_Cand(scalar, size, key, it.nid, idx, chosen, cost))
+            entry = made[term] = (len(made), cost, model.scalar(cost), work(cost), 1 + sum(c.size for c in chosen))
+        key, cost, scalar, effort, size = entry
+        out.append(_Cand(scalar, effort, size, key, it.nid, idx, chosen, cost))
         for j in range(len(idx)):
             nxt = idx[:j] + (idx[j] + 1,) + idx[j + 1:]
             if nxt[j] < len(lists[j]) and nxt not in seen:

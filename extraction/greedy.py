@@ -1,11 +1,13 @@
 """Greedy bottom-up extraction over the serialized e-graph with a target's cost model.
 
 Every e-node of sort F or E gets cost(op, constant arguments, costs of its F/E children); an
-e-class costs its cheapest e-node, ties to the smaller term, then to the node id. Candidates
-are taken cheapest first (`greedy_choice`), and an e-node is priced again whenever a child
-class improves, until none does. A cost is a vector whose cycles are its busiest component, so
-a child's cheaper cycles can raise its parent's and the fixpoint reached can depend on the
-order; this one is fixed by the costs and node ids, so extraction is deterministic.
+e-class costs its cheapest e-node, ties to the lesser `work` (the cycle model's: the DMA unit's
+cycles, so of programs as fast the one moving less data), then to the smaller term, then to the
+node id. Candidates are taken cheapest first (`greedy_choice`), and an e-node is priced again
+whenever a child class improves, until none does. A cost is a vector whose cycles are its
+busiest component, so a child's cheaper cycles can raise its parent's and the fixpoint reached
+can depend on the order; this one is fixed by the costs and node ids, so extraction is
+deterministic.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class CostModel(Protocol):
     def scalar(self, cost: Any) -> float:
         """Predicted cycles of a cost (INF when the target cannot run it; never negative)."""
 
+    # optional: work(cost) -> float, the tie-break between costs of equal cycles (lower first);
+    # a model without it breaks such ties by term size alone
     # optional: combiner(op, args, nkids) -> a function of the child costs giving `node`'s cost,
     # for an e-node visited many times
     # optional: fits(space, t) -> bool, whether a value of type t fits the on-chip memory `space`;
@@ -135,6 +139,17 @@ class GraphView:
 
         _propagate(kids, owner, visit)
         return self.build(cls, {c: s[1] for c, s in size.items()}) if cls in size else None
+
+
+class Choice(NamedTuple):
+    """An e-class's cheapest e-node as greedy extraction ranks it: cycles, then work, then term
+    size, then node id; and its cost."""
+
+    cycles: float
+    work: float
+    size: int
+    nid: str
+    cost: Any
 
 
 class Computation(NamedTuple):
@@ -258,39 +273,46 @@ def combiner_of(model: CostModel) -> Callable[[str, tuple, int], Callable[[list[
     return getattr(model, "combiner", None) or (lambda op, args, nkids: partial(model.node, op, args))
 
 
-def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, tuple[float, int, str, Any]]:
-    """For every e-class with a finite-cost term: (cycles, term size, chosen e-node id, cost).
+def work_of(model: CostModel) -> Callable[[Any], float]:
+    """`model.work` (the tie-break between costs of equal cycles), or no tie-break (0) for a model
+    that has none."""
+    return getattr(model, "work", None) or (lambda cost: 0.0)
+
+
+def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> dict[str, Choice]:
+    """For every e-class with a finite-cost term, its `Choice`.
 
     Cheapest first, as Dijkstra's shortest paths (in Knuth's generalization to grammars): an e-node
     is priced once all its child classes have a cost, the cheapest priced candidate (cycles, then
-    term size, then node id) is taken next, and an e-class's users are priced again whenever it
-    improves. An e-node's cycles are mostly at least its children's (not a Const's, whose value
-    is computed once at setup, nor a loop's whose buffers hide its body's load waits), so most
-    e-classes improve only once; visited in node-id order, as before 2026-11-28, they improved
-    again and again (a GRU(2816) step's 6 k e-nodes were visited 120 k times). A candidate
-    priced before a child improved is dropped. An e-node whose term is no smaller than its
+    work, then term size, then node id) is taken next, and an e-class's users are priced again
+    whenever it improves. An e-node's cycles are mostly at least its children's (not a Const's,
+    whose value is computed once at setup, nor a loop's whose buffers hide its body's load
+    waits), so most e-classes improve only once; visited in node-id order, as before
+    2026-11-28, they improved again and again (a GRU(2816) step's 6 k e-nodes were visited
+    120 k times). A candidate priced before a child improved is dropped. An e-node whose term is no smaller than its
     class's free one is not priced at all (on a Snowflake 1x1 training convolution's 140 k e-node
     graph, from before saturation undid steps past twice the node limit, 46 k of 47 k e-classes
     were free re-layouts, of weights mostly, reached 110 k ways), and e-nodes are decoded
     (`admission`) when first priced, so those whose children never get a cost never are."""
-    best: dict[str, tuple[float, int, str, Any]] = {}
+    best: dict[str, Choice] = {}
     ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
     users, missing = graph.functions.uses.users, list(graph.functions.uses.distinct)
     admit, scalar = admission(graph, view, model), model.scalar
+    work = work_of(model)
     combiner = combiner_of(model)
     made: dict[tuple, Callable[[list[Any]], Any]] = {}
     #: each e-node's cost as a function of its children's (None: not decoded yet; False: left out)
     costs: list[Callable[[list[Any]], Any] | bool | None] = [None] * len(ids)
     version = [0] * len(ids)
-    heap: list[tuple[float, int, str, int, int, Any]] = []
+    heap: list[tuple[float, float, int, str, int, int, Any]] = []
     pop, push = heapq.heappop, heapq.heappush
 
     def price(n: int) -> None:
         version[n] = stamp = version[n] + 1
         chosen = [best[k] for k in kids[n]]
-        size, old = 1 + sum([b[1] for b in chosen]), best.get(classes[n])
-        if old is not None and (0.0, size, ids[n]) >= old[:3]:
-            return  # cycles are never negative: even free, it would not beat its class
+        size, old = 1 + sum([b.size for b in chosen]), best.get(classes[n])
+        if old is not None and (0.0, 0.0, size, ids[n]) >= old[:4]:
+            return  # cycles and work are never negative: even free, it would not beat its class
         cost_of = costs[n]
         if cost_of is None:
             args = admit(n)
@@ -301,9 +323,9 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
                 cost_of = costs[n] = made.get(key) or made.setdefault(key, combiner(ops[n], args, len(kids[n])))
         if cost_of is False:
             return
-        cost = cost_of([b[3] for b in chosen])
-        cand = (scalar(cost), size, ids[n])
-        if old is None or cand < old[:3]:
+        cost = cost_of([b.cost for b in chosen])
+        cand = (scalar(cost), work(cost), size, ids[n])
+        if old is None or cand < old[:4]:
             push(heap, (*cand, n, stamp, cost))
 
     with gc_paused():
@@ -311,12 +333,12 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
             if not m:
                 price(n)
         while heap:
-            cycles, size, nid, n, stamp, cost = pop(heap)
+            cycles, effort, size, nid, n, stamp, cost = pop(heap)
             cls = classes[n]
             old = best.get(cls)
-            if stamp != version[n] or (old is not None and (cycles, size, nid) >= old[:3]):
+            if stamp != version[n] or (old is not None and (cycles, effort, size, nid) >= old[:4]):
                 continue
-            best[cls] = (cycles, size, nid, cost)
+            best[cls] = Choice(cycles, effort, size, nid, cost)
             for u in users.get(cls, ()):
                 if old is None:
                     missing[u] -= 1
@@ -331,9 +353,9 @@ def extract_greedy(graph: SaturatedGraph, root: str, model: CostModel) -> Extrac
     return chosen_program(root, greedy_choice(graph, model, view), view)
 
 
-def chosen_program(root: str, best: dict[str, tuple[float, int, str, Any]], view: GraphView) -> Extracted:
+def chosen_program(root: str, best: dict[str, Choice], view: GraphView) -> Extracted:
     """The program `greedy_choice` chose for the root e-class (an ExtractionError when the
     target can run none)."""
-    if root not in best or best[root][0] == INF:
+    if root not in best or best[root].cycles == INF:
         raise ExtractionError("no program the target can run was found for this layer")
-    return Extracted(view.build(root, {cls: b[2] for cls, b in best.items()}), best[root][3], best[root][0])
+    return Extracted(view.build(root, {cls: b.nid for cls, b in best.items()}), best[root].cost, best[root].cycles)

@@ -55,8 +55,8 @@ import numpy as np
 
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.saturate import SaturatedGraph
-from extraction.greedy import (Computation, CostModel, Extracted, ExtractionError, GraphView, chosen_program,
-                               computations, fixpoint, greedy_choice)
+from extraction.greedy import (Choice, Computation, CostModel, Extracted, ExtractionError, GraphView,
+                               chosen_program, computations, fixpoint, greedy_choice)
 
 INF = math.inf
 #: contexts beyond which no ILP is built (the greedy program is returned, and the status says why)
@@ -176,7 +176,7 @@ class _Model:
     (`enumerate_contexts`, once per depth tried), and the ILP over them."""
 
     def __init__(self, graph: SaturatedGraph, root: str, model: CostModel, view: GraphView,
-                 greedy: dict[str, tuple], bound: float):
+                 greedy: dict[str, Choice], bound: float):
         self.model, self.view = model, view
         self.local: dict[str, tuple[float, ...]] = {}
         #: what each use of an e-node after the first costs (a load's cold start is paid once)
@@ -207,7 +207,7 @@ class _Model:
         #: (context, e-node, child contexts) for every e-node a context may pick (`enumerate_contexts`)
         self.options: list[tuple[Context, Computation, tuple[Context, ...]]] = []
 
-    def _keep_order(self, greedy: dict[str, tuple]) -> None:
+    def _keep_order(self, greedy: dict[str, Choice]) -> None:
         """Keep only the e-nodes whose children inside their own strongly connected component of
         e-classes come earlier in the order (greedy term size, e-class id): no program can then
         hold an e-class inside itself, and every greedy e-node stays."""
@@ -216,7 +216,7 @@ class _Model:
         scc = {cls: i for i, comp in enumerate(nx.strongly_connected_components(edges)) for cls in comp}
 
         def rank(cls: str) -> tuple[float, str]:
-            return (greedy[cls][1] if cls in greedy else INF, cls)
+            return (greedy[cls].size if cls in greedy else INF, cls)
 
         for cls, cs in self.by_class.items():
             cs[:] = [c for c in cs if all(scc[k] != scc[cls] or rank(k) < rank(cls) for k in c.kids)]
@@ -316,7 +316,7 @@ class _Model:
         self.options = [o for o in live if o[0] in reach]
         return reach
 
-    def solve(self, weights: tuple[float, ...], start: dict[str, tuple],
+    def solve(self, weights: tuple[float, ...], start: dict[str, Choice],
               deadline: float) -> tuple[list[int], bool, float]:
         """Build and run the ILP, warm-started from the choice `start` (e-class -> greedy's entry),
         HiGHS stopping at `deadline` (a `time.perf_counter()` time: building the ILP counts
@@ -375,7 +375,7 @@ class _Model:
         x = h.getSolution().col_value
         return [j for j in range(nx_) if x[j] > 0.5], status == highspy.HighsModelStatus.kOptimal, bound
 
-    def _start(self, start: dict[str, tuple], weights: tuple[float, ...],
+    def _start(self, start: dict[str, Choice], weights: tuple[float, ...],
                ctx_rows: dict[Context, list[int]]) -> highspy.HighsSolution:
         """The greedy program as a solution of the ILP."""
         val = np.zeros(len(self.options) + 1)
@@ -385,7 +385,7 @@ class _Model:
             if ctx in seen:
                 continue
             seen.add(ctx)
-            j = next(j for j in ctx_rows[ctx] if self.options[j][1].nid == start[ctx[0]][2])
+            j = next(j for j in ctx_rows[ctx] if self.options[j][1].nid == start[ctx[0]].nid)
             val[j] = 1.0
             stack += self.options[j][2]
         totals = np.zeros(len(weights))

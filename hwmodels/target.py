@@ -484,6 +484,12 @@ class CycleCost:
         return {"dma": c[_DMA] + c[_DMA_WAIT], **{u: c[COMPONENTS.index(u)] for u in UNITS[1:]},
                 "chain": c[_CHAIN] + c[_RECUR]}
 
+    def work(self, c: Cost) -> float:
+        """The DMA unit's predicted cycles: of two programs as fast, extraction takes the one
+        that moves less data (VTA's 3x3 convolution loading each band once rather than once per
+        block of output channels, where the model ties them on its busiest unit)."""
+        return c[_DMA]
+
     def scalar(self, c: Cost) -> float:
         """Predicted cycles: the busiest unit (the units run decoupled), or the chain when longer;
         the loads outside every loop run once (the DMA's waits and the loads' recurrences settled

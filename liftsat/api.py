@@ -270,8 +270,8 @@ ROOM = ((1.0, 1.0, None), (0.5, 0.5, None), (0.25, 0.25, None), (0.25, 0.25, 0.7
         (0.25, 0.0, None))
 
 
-def _candidates(best: Extracted, graph: SaturatedGraph, target: Target, unpinned: frozenset[str],
-                alternatives: int) -> Iterator[Extracted]:
+def candidates(best: Extracted, graph: SaturatedGraph, target: Target, unpinned: frozenset[str],
+               alternatives: int) -> Iterator[Extracted]:
     """The extracted program, then (ranked only when asked for) the next cheapest distinct ones."""
     yield best
     model = target.cost_model(unpinned)
@@ -395,7 +395,7 @@ def _first_buildable(model: Model, target: Target, unpinned: frozenset[str], gra
     lays out), and whether any overflowed an on-chip memory; the reasons of those codegen could
     not lay out are appended to `unbuildable`."""
     result, overflowed = None, False
-    for program in _candidates(best, graph, target, unpinned, alternatives):
+    for program in candidates(best, graph, target, unpinned, alternatives):
         try:
             measured = _measure(model, target, program, graph.stats, seconds, functional)
         except CodegenError as exc:

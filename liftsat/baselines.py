@@ -4,8 +4,9 @@ Phase-ordered rewriting: the same rules in a fixed order of phases, committing t
 after each phase, as a pass pipeline does: lower the layers (DSL rules), then tile to the
 target's native size, then restructure (Lift's algorithmic rules: fusion, movement, stacking,
 im2col). Each phase rewrites only the program the previous one committed to, together with the
-target's hardware rules so that a runnable program can be chosen; when a phase ends with no
-runnable program, the next phase starts from what it was given. egglog is only the rewriting
+target's hardware rules so that a runnable program can be chosen (the cheapest that codegen lays
+out, as liftsat's compile takes: `liftsat.api.candidates`); when a phase ends with no runnable
+program, the next phase starts from what it was given. egglog is only the rewriting
 engine here: nothing found in one phase survives into the next except the committed program.
 """
 
@@ -20,9 +21,11 @@ from egraph_rules.hardware_rules import hardware_rules
 from egraph_rules.interpreter import BINARY, UNARY
 from egraph_rules.ir import Term
 from egraph_rules.rules import Rule
-from egraph_rules.saturate import Budget, Saturator
+from egraph_rules.saturate import Budget, SaturatedGraph, Saturator
 from extraction.greedy import Extracted, ExtractionError, extract_greedy
+from hwmodels.codegen import CodegenError, generate
 from hwmodels.target import Target
+from liftsat.api import candidates
 from liftsat.rulesets import target_dsl_rules, target_tiling_rules
 
 #: the rules that keep hardware rules' early moves bounded (a value moved twice is moved once)
@@ -66,16 +69,28 @@ def phase_ordered(term: Term, target: Target, budget: Budget | None = None) -> l
         sat.add("root", term)
         stats = sat.run(budget or Budget())
         graph = sat.serialize({"root": term}, stats)
-        try:
-            best: Extracted | None = extract_greedy(graph, graph.roots["root"], target.cost_model())
-        except ExtractionError:
-            best = None
+        best = _laid_out(graph, target)
         term = best.term if best else extract_greedy(graph, graph.roots["root"], _Lowered(target)).term
         phases.append(Phase(name, best, stats.enodes, stats.stop_reason))
     if phases[-1].program is None:
         raise ExtractionError(f"phase-ordered rewriting found no program {target.name} runs: "
                               + "; ".join(map(str, phases)))
     return phases
+
+
+def _laid_out(graph: SaturatedGraph, target: Target) -> Extracted | None:
+    """The phase's cheapest program that codegen lays out (None: the target runs none of them)."""
+    try:
+        best = extract_greedy(graph, graph.roots["root"], target.cost_model())
+    except ExtractionError:
+        return None
+    for program in candidates(best, graph, target, frozenset(), 0):
+        try:
+            generate(program.term, target)
+        except CodegenError:
+            continue
+        return program
+    return None
 
 
 class _Lowered:

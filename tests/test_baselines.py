@@ -34,6 +34,16 @@ def test_phase_ordered_programs_run_and_match_numpy():
         np.testing.assert_allclose(out, model.reference, rtol=1e-5, atol=1e-5)
 
 
+def test_a_phase_commits_to_the_cheapest_program_codegen_lays_out():
+    """ReLU over 16x1024 on the systolic array: a program that loads the whole input into the
+    64 KiB accumulator is predicted as fast as one loading it row by row and moves no more
+    data, but its results would overflow the accumulator; the last phase commits to the next
+    cheapest, which runs and matches numpy, as liftsat's compile does."""
+    model, phases, run = _run(["ReLU()"], (16, 1024), "systolic")
+    np.testing.assert_allclose(run.output.reshape(model.output_shape), model.reference)
+    assert phases[-1].program.cycles == optimize(["ReLU()"], (16, 1024), "systolic").predicted_cycles
+
+
 def test_committing_early_loses_the_weight_stationary_order():
     """Tiling commits to rows outside weight blocks before restructuring could hoist the weight
     loop; the shared e-graph keeps both orders and extracts kernels-outer."""

@@ -268,7 +268,7 @@ def test_combiner_is_local_plus_scaled_children_on_every_enode(target: str) -> N
     work = computations(graph, view, cm)
     assert len({len(c.kids) for c in work}) >= 3
     for c in work:
-        kids = [best[k][3] for k in c.kids]
+        kids = [best[k].cost for k in c.kids]
         want = cm.local(c.op, c.args)
         if INF in want or any(INF in k for k in kids):
             want = NEVER

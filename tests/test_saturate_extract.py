@@ -11,6 +11,7 @@ from egraph_rules import saturate
 from egraph_rules.ir import SCHEMA, T, Term, comp, numel, ta, tensor_type, tp, ts
 from egraph_rules.rules import Rule, rewrite, shared_rewrite
 from egraph_rules.saturate import PLANNER_SWITCH, Budget, EGraphError, Saturator, uses_of
+from extraction.alternatives import k_cheapest
 from extraction.greedy import ExtractionError, GraphView, computations, extract_greedy, fixpoint, greedy_choice
 from frontend.layers import build_model
 from liftsat.api import SharedEGraph
@@ -239,6 +240,30 @@ def test_classes_overflowing_their_memory_are_left_out():
     assert extract_greedy(graph, graph.roots["root"], Placed()).term == large
 
 
+class Moves:
+    """Every program as fast (no cycles); its work is how many values it moves on chip."""
+
+    def node(self, op, args, child_costs):
+        return (0.0, (op == "ToChip") + sum(c[1] for c in child_costs))
+
+    def scalar(self, cost):
+        return cost[0]
+
+    def work(self, cost):
+        return cost[1]
+
+
+def test_ties_in_cycles_go_to_the_lesser_work():
+    """Of two programs predicted as fast, greedy extraction takes the one of lesser `work` (here:
+    moving fewer values on chip), though the other is the smaller term (which size alone would
+    take), and the alternatives come in that order too."""
+    graph, small, large = _overflow_graph()
+    root = graph.roots["root"]
+    assert extract_greedy(graph, root, Size()).term == small
+    assert extract_greedy(graph, root, Moves()).term == large
+    assert [e.term for e in k_cheapest(graph, root, Moves(), 2)] == [large, small]
+
+
 def test_smallest_is_a_smallest_term_of_its_class():
     """GraphView.smallest, which looks only below its e-class, finds terms as small as greedy
     extraction by size over the whole e-graph, each a term of its class."""
@@ -313,10 +338,10 @@ def test_greedy_prices_cheapest_first_an_enode_about_once_to_a_fixpoint():
     assert len(work) > 3000 and len(priced) < 1.2 * len(work)
     for c in work:
         kids = [best[k] for k in c.kids]
-        cost = model.node(c.op, c.args, [k[3] for k in kids])
-        assert (model.scalar(cost), 1 + sum(k[1] for k in kids), c.nid) >= best[c.eclass][:3]
-        if best[c.eclass][2] == c.nid:
-            assert cost == best[c.eclass][3]
+        cost = model.node(c.op, c.args, [k.cost for k in kids])
+        assert (model.scalar(cost), model.work(cost), 1 + sum(k.size for k in kids), c.nid) >= best[c.eclass][:4]
+        if best[c.eclass].nid == c.nid:
+            assert cost == best[c.eclass].cost
 
 
 def test_functions_index_every_fe_enode_and_its_uses():
