@@ -51,13 +51,13 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
     view = GraphView(graph)
     best: dict[str, list[_Cand]] = {}
     made: dict[tuple, tuple[int, object, float, float, int]] = {}
-    combiner, combines = combiner_of(model), {}
+    combiner, combines, work = combiner_of(model), {}, work_of(model)
 
     def improve(it: Computation) -> bool | float:
         old = best.get(it.eclass, [])
         if it.nid not in combines:
             combines[it.nid] = combiner(it.op, it.args, len(it.kids))
-        merged = _cheapest_per_cost(old + _combine(it, combines[it.nid], best, model, width, made))[:width]
+        merged = _cheapest_per_cost(old + _combine(it, combines[it.nid], best, model, work, width, made))[:width]
         fresh = next((c for c, o in zip_longest(merged, old) if o is None or c.key != o.key), None)
         if fresh is None:
             return False
@@ -72,14 +72,15 @@ def k_cheapest(graph: SaturatedGraph, root: str, model: CostModel, k: int, width
 
 
 def _combine(it: Computation, combine: Callable[[list[object]], object], best: dict[str, list[_Cand]],
-             model: CostModel, width: int, made: dict[tuple, tuple[int, object, float, float, int]]) -> list[_Cand]:
+             model: CostModel, work: Callable[[object], float], width: int,
+             made: dict[tuple, tuple[int, object, float, float, int]]) -> list[_Cand]:
     """The node's `width` cheapest candidates: choices of child candidates explored best-first
-    from (0, 0, ...), priced by `combine` (the node's cost from its children's). `made` numbers
-    distinct terms (an e-node and its children's numbers), so comparing candidates is cheap, and
-    keeps each one's cost, cycles, work and size: a node is combined again whenever a child's list
-    changes, mostly from the same child candidates."""
+    from (0, 0, ...), priced by `combine` (the node's cost from its children's; `work`, the
+    model's tie-break, looked up once per extraction). `made` numbers distinct terms (an e-node
+    and its children's numbers), so comparing candidates is cheap, and keeps each one's cost,
+    cycles, work and size: a node is combined again whenever a child's list changes, mostly from
+    the same child candidates."""
     lists = [best[c] for c in it.kids]
-    work = work_of(model)
     scalars = [[c.scalar for c in lst] for lst in lists]
     sizes = [[c.size for c in lst] for lst in lists]
     out: list[_Cand] = []

@@ -289,11 +289,12 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView) -> d
     whose value is computed once at setup, nor a loop's whose buffers hide its body's load
     waits), so most e-classes improve only once; visited in node-id order, as before
     2026-11-28, they improved again and again (a GRU(2816) step's 6 k e-nodes were visited
-    120 k times). A candidate priced before a child improved is dropped. An e-node whose term is no smaller than its
-    class's free one is not priced at all (on a Snowflake 1x1 training convolution's 140 k e-node
-    graph, from before saturation undid steps past twice the node limit, 46 k of 47 k e-classes
-    were free re-layouts, of weights mostly, reached 110 k ways), and e-nodes are decoded
-    (`admission`) when first priced, so those whose children never get a cost never are."""
+    120 k times). A candidate priced before a child improved is dropped. An e-node whose term
+    is no smaller than its class's free one is not priced at all (on a Snowflake 1x1 training
+    convolution's 140 k e-node graph, from before saturation undid steps past twice the node
+    limit, 46 k of 47 k e-classes were free re-layouts, of weights mostly, reached 110 k ways),
+    and e-nodes are decoded (`admission`) when first priced, so those whose children never get
+    a cost never are."""
     best: dict[str, Choice] = {}
     ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
     users, missing = graph.functions.uses.users, list(graph.functions.uses.distinct)
