@@ -26,7 +26,11 @@ model's `scalar` must be a weighted max of the components (checked: `scalar(c) =
 with w_u = scalar(unit vector u); if `scalar` changes form, this objective must too). Valid cuts
 z ≥ Σ lower bound at the context's multiplicity × x (per context: a first use's bound plus the
 multiplicity less one times a further use's) make the LP bound useful. A tiny cost per pick
-(TIE_BREAK cycles in all) sends ties to smaller programs.
+(TIE_BREAK cycles in all) sends ties to smaller programs. Once the cycles are proven optimal,
+a second ILP over the same contexts keeps z at the program's cycles and minimizes the model's
+`work` (linear too: `work_weights`), greedy's tie-break: of programs predicted as fast, the one
+moving less data (brainwave's GEMM 1024x700x512: 188,304 cycles predicted either way, one
+loading its rows a band at a time and running 183,085, the other a row at a time, 226,200).
 
 What the search leaves out, to stay finite and fast, keeps greedy's program feasible: an e-node
 whose child is in its own strongly connected component of e-classes is kept only when that
@@ -56,7 +60,7 @@ import numpy as np
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.saturate import SaturatedGraph
 from extraction.greedy import (Choice, Computation, CostModel, Extracted, ExtractionError, GraphView,
-                               chosen_program, computations, fixpoint, greedy_choice)
+                               chosen_program, computations, fixpoint, greedy_choice, work_of)
 
 INF = math.inf
 #: contexts beyond which no ILP is built (the greedy program is returned, and the status says why)
@@ -155,6 +159,19 @@ def dag_cost(term: Term, model: CostModel) -> tuple[float, ...]:
             tag = _tag(t.op, i, kid_ids, ident)
             stack.append((kid, *_child_context(t.op, i, kid.sort, key, m, scale, tag, None), inner))
     return tuple(total or ())
+
+
+def work_weights(model: CostModel, n: int) -> tuple[float, ...]:
+    """ww_u such that the model's `work` (its tie-break between costs of equal cycles; 0 for a
+    model without one) is Σ_u ww_u c_u, the form the ILP's second objective needs; an
+    ExtractionError when it is not linear on probe vectors."""
+    work = work_of(model)
+    ww = tuple(float(work(tuple(1.0 if j == i else 0.0 for j in range(n)))) for i in range(n))
+    for p in (tuple(float(j + 1) for j in range(n)), tuple(float(n - j) for j in range(n))):
+        if not math.isclose(work(p), sum(a * b for a, b in zip(ww, p)), rel_tol=1e-9, abs_tol=1e-9):
+            raise ExtractionError("the ILP extractor needs the cost model's work to be linear in its cost "
+                                  "components; this model's is not")
+    return ww
 
 
 def unit_weights(model: CostModel, n: int) -> tuple[float, ...]:
@@ -316,24 +333,35 @@ class _Model:
         self.options = [o for o in live if o[0] in reach]
         return reach
 
-    def solve(self, weights: tuple[float, ...], start: dict[str, Choice],
-              deadline: float) -> tuple[list[int], bool, float]:
-        """Build and run the ILP, warm-started from the choice `start` (e-class -> greedy's entry),
-        HiGHS stopping at `deadline` (a `time.perf_counter()` time: building the ILP counts
-        against the time limit too): the options picked (none when HiGHS found no program in
-        time), whether HiGHS proved its optimum, and the lower bound it proved for the cycles."""
-        opts = self.options
+    def context_rows(self) -> dict[Context, list[int]]:
+        """The options of each context."""
         ctx_rows: dict[Context, list[int]] = {}
-        for j, (ctx, _, _) in enumerate(opts):
+        for j, (ctx, _, _) in enumerate(self.options):
             ctx_rows.setdefault(ctx, []).append(j)
+        return ctx_rows
+
+    def solve(self, weights: tuple[float, ...], start: list[int], deadline: float,
+              work: tuple[float, ...] | None = None, cycles: float = INF) -> tuple[list[int], bool, float]:
+        """Build and run the ILP, warm-started from the options `start` (a program), HiGHS
+        stopping at `deadline` (a `time.perf_counter()` time: building the ILP counts against the
+        time limit too): the options picked (none when HiGHS found no program in time), whether
+        HiGHS proved its optimum, and the lower bound it proved for its objective. The objective
+        is the cycles; given `work` weights, it is the work of programs of at most `cycles`."""
+        opts = self.options
+        ctx_rows = self.context_rows()
+        counted = {j: self.counted(j) for j, (ctx, _, _) in enumerate(opts) if ctx[2] != INF}
         nx_ = z = len(opts)
         ncol = nx_ + 1
         lower = np.zeros(ncol)
         upper = np.ones(ncol)
-        upper[z] = highspy.kHighsInf
+        upper[z] = highspy.kHighsInf if work is None else cycles * (1 + 1e-9)
         cost = np.zeros(ncol)
         cost[:nx_] = TIE_BREAK / max(nx_, 1)
-        cost[z] = 1.0
+        if work is None:
+            cost[z] = 1.0
+        else:
+            for j, v in counted.items():
+                cost[j] += sum(a * b for a, b in zip(work, v))
         rows: list[tuple[float, float, list[int], list[float]]] = []
         for ctx, js in ctx_rows.items():
             rows.append((1.0 if ctx == self.root else -highspy.kHighsInf, 1.0, js, [1.0] * len(js)))
@@ -343,7 +371,6 @@ class _Model:
         for j, (_, _, kids) in enumerate(opts):
             for k in dict.fromkeys(kids):
                 rows.append((-highspy.kHighsInf, 0.0, [j, *ctx_rows[k]], [1.0] + [-1.0] * len(ctx_rows[k])))
-        counted = {j: self.counted(j) for j, (ctx, _, _) in enumerate(opts) if ctx[2] != INF}
         for ui, w in enumerate(weights):
             coef = [(j, w * v[ui]) for j, v in counted.items() if w * v[ui] != 0]
             if coef:
@@ -363,7 +390,7 @@ class _Model:
         lp.a_matrix_.value_ = np.array([v for r in rows for v in r[3]])
         lp.integrality_ = [highspy.HighsVarType.kInteger] * nx_ + [highspy.HighsVarType.kContinuous]
         h.passModel(lp)
-        h.setSolution(self._start(start, weights, ctx_rows))
+        h.setSolution(self._solution(start, weights))
         h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.0))
         h.run()
         status, info = h.getModelStatus(), h.getInfo()
@@ -375,19 +402,24 @@ class _Model:
         x = h.getSolution().col_value
         return [j for j in range(nx_) if x[j] > 0.5], status == highspy.HighsModelStatus.kOptimal, bound
 
-    def _start(self, start: dict[str, Choice], weights: tuple[float, ...],
-               ctx_rows: dict[Context, list[int]]) -> highspy.HighsSolution:
-        """The greedy program as a solution of the ILP."""
-        val = np.zeros(len(self.options) + 1)
-        stack, seen = [self.root], set()
+    def picks(self, choice: dict[str, Choice]) -> list[int]:
+        """The options that spell the program of a choice per e-class (greedy's)."""
+        ctx_rows = self.context_rows()
+        picked, stack, seen = [], [self.root], set()
         while stack:
             ctx = stack.pop()
             if ctx in seen:
                 continue
             seen.add(ctx)
-            j = next(j for j in ctx_rows[ctx] if self.options[j][1].nid == start[ctx[0]].nid)
-            val[j] = 1.0
+            j = next(j for j in ctx_rows[ctx] if self.options[j][1].nid == choice[ctx[0]].nid)
+            picked.append(j)
             stack += self.options[j][2]
+        return picked
+
+    def _solution(self, picked: list[int], weights: tuple[float, ...]) -> highspy.HighsSolution:
+        """The program of the picked options as a solution of the ILP."""
+        val = np.zeros(len(self.options) + 1)
+        val[picked] = 1.0
         totals = np.zeros(len(weights))
         for j in np.flatnonzero(val[:-1]):
             if self.options[j][0][2] != INF:
@@ -429,7 +461,7 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
     best = greedy_choice(graph, model, view)
     greedy = chosen_program(root, best, view)
     greedy_dag = dag_cost(greedy.term, model)
-    weights = unit_weights(model, len(greedy_dag))
+    weights, work = unit_weights(model, len(greedy_dag)), work_weights(model, len(greedy_dag))
     term, cost, status, gap, contexts = greedy.term, greedy_dag, "", 0.0, 0
     ilp = _Model(graph, root, model, view, best, model.scalar(greedy_dag))
     for depth in KEY_DEPTHS:
@@ -438,11 +470,12 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
             status, gap = stopped, gap if status else 1.0
             break
         contexts = len(ilp.prune())
-        picked, proved, bound = ilp.solve(weights, best, t0 + time_limit)
+        start = ilp.picks(best)
+        picked, proved, bound = ilp.solve(weights, start, t0 + time_limit)
         found = ilp.term(picked) if picked else greedy.term
         found_cost = dag_cost(found, model)
         if model.scalar(found_cost) < model.scalar(cost):
-            term, cost = found, found_cost
+            term, cost, start = found, found_cost, picked
         cycles = model.scalar(cost)
         gap = max(cycles - bound, 0.0) / cycles if cycles > 0 else 0.0
         if not proved:
@@ -450,7 +483,25 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
             break
         if cycles - bound <= max(ABS_GAP + TIE_BREAK, REL_GAP * cycles):
             status, gap = "optimal", 0.0
+            if any(work):
+                term, cost = _least_work(ilp, model, weights, work, start, term, cost, t0 + time_limit)
             break
         status = f"bound gap (input keys of depth {depth} merge uses the program keeps apart)"
     return IlpExtracted(term, cost, model.scalar(cost), status, gap, time.perf_counter() - t0, contexts, greedy,
                         model.scalar(greedy_dag))
+
+
+def _least_work(ilp: _Model, model: CostModel, weights: tuple[float, ...], work: tuple[float, ...],
+                start: list[int], term: Term, cost: tuple[float, ...], deadline: float) -> tuple[Term, tuple[float, ...]]:
+    """Of the programs no slower than `term` (whose options are `start`), the one of least work
+    (greedy's tie-break), found by the second ILP within the deadline; `term` itself when that
+    finds none with less work and as few cycles counted with full keys."""
+    picked, _, _ = ilp.solve(weights, start, deadline, work, model.scalar(cost))
+    if not picked:
+        return term, cost
+    found = ilp.term(picked)
+    found_cost = dag_cost(found, model)
+    score = work_of(model)
+    if model.scalar(found_cost) <= model.scalar(cost) and score(found_cost) < score(cost):
+        return found, found_cost
+    return term, cost

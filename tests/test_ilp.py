@@ -192,3 +192,44 @@ def test_cycles_are_forbidden():
     assert r.status == "optimal" and r.cycles == 5.0
     assert "VVRelu" in {t.op for t in r.term.walk()}
     assert r.term == T("App", T("VVRelu", V4), T("Var", "x", V4))
+
+
+class Moved(Relu5):
+    """Two components, cycles and values moved (the work, greedy's tie-break): ReLU and tanh take
+    5 cycles, ReLU moving 3 values and tanh 1; the sigmoid takes 4 and moves none."""
+
+    COST = {"VVRelu": (5.0, 3.0), "VVTanh": (5.0, 1.0), "VVSigm": (4.0, 0.0)}
+
+    def local(self, op, args):
+        return self.COST.get(op, (0.0, 0.0))
+
+    def node(self, op, args, kids):
+        scales = self.scales(op, args, len(kids))
+        return tuple(a + sum(s * k[i] for s, k in zip(scales, kids)) for i, a in enumerate(self.local(op, args)))
+
+    def scalar(self, c):
+        return c[0]
+
+    def work(self, c):
+        return c[1]
+
+
+def test_ties_in_cycles_go_to_the_lesser_work():
+    """Fork(relu, relu) and Fork(tanh . Id, tanh . Id) both take 5 cycles with their two branches
+    shared; greedy, counting each branch, takes Fork(sigmoid, sigmoid . Id) (8 cycles: the second
+    sigmoid reads Id's result, not the same value). The ILP's first objective takes the ReLU
+    fork, which has fewer e-nodes; the second, over the programs of 5 cycles, the tanh fork,
+    which moves less."""
+    g = _graph({
+        "s": ('"f32"', "S", []), "n": ("4", "N", []), "ts": ("TS", "T1", ["S"]), "ta": ("TA", "T4", ["T1", "N"]),
+        "xs": ('"x"', "X", []), "var": ("Var", "E-x", ["X", "T4"]), "id": ("Id", "F-id", ["T4"]),
+        "relu": ("VVRelu", "R", ["T4"]), "tanh": ("VVTanh", "Q", ["T4"]), "sig": ("VVSigm", "A", ["T4"]),
+        "tanhid": ("Comp", "C", ["Q", "F-id"]), "sigid": ("Comp", "B", ["A", "F-id"]),
+        "fr": ("Fork", "P", ["R", "R"]), "ft": ("Fork", "P", ["C", "C"]), "fs": ("Fork", "P", ["A", "B"]),
+        "app": ("App", "E-root", ["P", "E-x"]),
+    }, "E-root")
+    x, tanh = T("Var", "x", V4), comp(T("VVTanh", V4), T("Id", V4))
+    r = extract_ilp(g, "E-root", Moved())
+    assert r.greedy.term == T("App", T("Fork", T("VVSigm", V4), comp(T("VVSigm", V4), T("Id", V4))), x)
+    assert r.status == "optimal" and r.cost == (5.0, 1.0)
+    assert r.term == T("App", T("Fork", tanh, tanh), x)
