@@ -759,18 +759,20 @@ class Codegen:
         return out
 
     def fission(self, core: Term, n: int, v: object, dest: Buf | None) -> object | None:
-        """A Map whose body is a chain of device ops, one of which reads the result of the one
-        before it on the same unit, compiled stage by stage: a loop per op, its results for
-        every iteration in a buffer (where per-iteration buffers are on and fit). A unit runs its
+        """A Map whose body is a chain of device ops (a Pad of rows computed on chip among them:
+        a multiply by a mask, `pad_on_chip`), one of which reads the result of the one before it
+        on the same unit, compiled stage by stage: a loop per op, its results for every
+        iteration in a buffer (where per-iteration buffers are on and fit). A unit runs its
         instructions in order, so in one loop each iteration's second op would hold the unit
-        for the first op's latency (VTA's ALU: 46 cycles past its occupancy); stage by stage,
-        the ops of the other iterations fill that wait. None: not such a Map, or it does not
-        compile stage by stage (its buffers do not fit)."""
+        for the first op's latency (VTA's ALU: 46 cycles past its occupancy; brainwave's vector
+        unit 8 after a ReLU's padding); stage by stage, the ops of the other iterations fill that
+        wait. None: not such a Map, or it does not compile stage by stage (its buffers do not
+        fit)."""
         stages = _stages(core)
-        if not (self.per_iteration and n > 1 and len(stages) > 1
-                and all(s.op == "Dev" and s.args[0] in self.ops for s in stages)):
+        specs = [self.ops.get(s.args[0]) if s.op == "Dev" else self.masker(v) if s.op == "Pad" else None
+                 for s in stages]
+        if not (self.per_iteration and n > 1 and len(stages) > 1 and None not in specs):
             return None
-        specs = [self.ops[s.args[0]] for s in stages]
         if not any(a.unit == b.unit and b.latency > b.occupancy for a, b in zip(specs, specs[1:])):
             return None
         saved = self.snapshot()
@@ -781,6 +783,15 @@ class Codegen:
             return None
         self.spread = True
         return out
+
+    def masker(self, v: object) -> OpSpec | None:
+        """The device op `pad_on_chip` pads the vectors of v with: the target's vector multiply
+        where its results land, else its matrix-vector multiply (by the mask as a diagonal); None
+        where v is not computed on chip or the target has neither."""
+        if not (isinstance(v, Buf) and v.host is None and v.space != "dram"):
+            return None
+        ops = [o for o in self.t.ops if o.op.result_space == v.space]
+        return next((o for meaning in ("VVMul", "MVMul") for o in ops if o.op.meaning.op == meaning), None)
 
     @contextmanager
     def unshared(self) -> Iterator[None]:
@@ -951,19 +962,18 @@ class Codegen:
         n, total, native = v.shape[0], v.shape[0] + right, self.n
         if total % native:
             raise InputError(f"padding {n} elements to {total} does not fill whole {native}-element vectors")
-        by_vector = next((o for o in self.t.ops if o.op.meaning.op == "VVMul" and o.op.result_space == v.space), None)
-        by_matrix = next((o for o in self.t.ops if o.op.meaning.op == "MVMul" and o.op.result_space == v.space), None)
-        op = by_vector or by_matrix
+        op = self.masker(v)
         if op is None:
             raise InputError(f"{self.t.name} has no vector or matrix-vector multiply in {v.space} to zero padding with")
+        by_vector = op.op.meaning.op == "VVMul"
         vec_t = ta(t.args[0], native)
-        mask_t, mask_space = (vec_t, v.space) if op is by_vector else (ta(vec_t, native), op.op.operand_spaces[0])
+        mask_t, mask_space = (vec_t, v.space) if by_vector else (ta(vec_t, native), op.op.operand_spaces[0])
         out = dest if dest is not None else self.allocate(v.space, (total,))
 
         def masked(k: Affine, src: Affine, ones: int) -> None:
             mask = self.data(T("App", T("ToChip", mask_space, mask_t), T("Mask", ones, mask_t)))
             vec = Buf(v.space, src, (native,), (1,))
-            pair = PairV(vec, mask) if op is by_vector else PairV(mask, vec)
+            pair = PairV(vec, mask) if by_vector else PairV(mask, vec)
             self.device(op.op.term, pair, Buf(out.space, out.addr + k.scaled(native), (native,), (1,)))
 
         full, rest = divmod(n, native)

@@ -3,11 +3,13 @@ layers on every built-in target, its latency terms from target data, and determi
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from egraph_rules.ir import ta, tensor_type, tp, ts
+from egraph_rules.saturate import Budget
 from extraction.greedy import INF, GraphView, computations, greedy_choice
 from frontend.layers import build_model
 from hwmodels.target import COMPONENTS, NEVER
@@ -38,6 +40,10 @@ KNOWN_MISSES = {
     ("MaxPool2d(3, stride=2)", "brainwave"): "the 16 pooled pixels' 16 channels are stored as 16 whole vectors "
     "(128 wide), which stream behind the vector unit's max steps; the model has the vector unit wait for the whole "
     "store after its last step (1,616 predicted), where the DMA unit is done last, at 1,380 cycles as predicted",
+    ("Conv2d(16, 32, 1)", "brainwave"): "the model has the matrix unit wait for the weight tile's load and the "
+    "pixels' from cold, then for the whole store's drain after its last product (1,696 predicted); the simulator has "
+    "it done at 1,276 and the DMA unit last, at 1,523 (1,588 predicted). It ran 1,553 (1.092) until the ReLU's "
+    "padding, a mask multiply, ran as a loop of its own ahead of the ReLUs' (Codegen.fission, 2026-11-30)",
     ("Conv2d(16, 32, 1)", "vta"): "the 16 pixels run weight-stationary (554 cycles; 2,775 pixel by pixel): in so small "
     "a program the chain of dependent loops, the last GEMM, its bias ALU.ADD, ALU.MAXI and STORE each waiting out "
     "the one before (81, 48, 47 cycles, then the store's 151), is the critical path; the model charges the loads' "
@@ -56,7 +62,11 @@ def _case(layers: list[str], shape: tuple[int, ...], target: str):
 
 @pytest.mark.parametrize("layers,shape,target", [_case(c[0], c[1], t) for c in CASES for t in c[2]])
 def test_prediction_within_ten_percent_of_simulation(layers: list[str], shape: tuple[int, ...], target: str) -> None:
-    r = optimize(layers, shape, target, functional=False)
+    """Saturation is bounded by nodes and iterations only (no seconds), so the program, and
+    which cases are known misses, do not depend on how busy the machine is: the systolic
+    Conv2d(16, 32, 1) + ReLU reaches the node limit in 5-8 s on egglog 13.2 and, with both cores
+    busy, ran out of the default 10 s once (a pixel-by-pixel program, predicted within 10%)."""
+    r = optimize(layers, shape, target, functional=False, budget=Budget(seconds=math.inf))
     assert abs(r.predicted_cycles / r.cycles - 1) <= 0.10, (r.predicted_cycles, r.cycles)
 
 

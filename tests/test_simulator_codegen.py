@@ -489,3 +489,32 @@ def test_a_map_of_dependent_ops_on_one_unit_is_compiled_stage_by_stage_where_it_
         assert one_loop.cycles - run.cycles >= (rows - 1) * (add.latency - add.occupancy)   # a wait per row but one
     else:
         assert run.cycles == one_loop.cycles
+
+
+def relu_of_padded_rows_program(rows: int, k: int) -> Term:
+    """X -> each row's first k elements (of X's rows ReLU'd on chip) padded with zeros and ReLU'd:
+    the padding, done on chip, is a multiply by a mask on the vector unit, which the ReLU then
+    reads on the same in-order unit."""
+    stages = [T("ToOutput", M(rows, N)), T("Map", comp(dev("v_relu"), T("Pad", 0, N - k, V(k))), rows),
+              T("Map", T("Slice", 0, k, V(N)), rows), T("Map", dev("v_relu"), rows), T("ToChip", VRF, M(rows, N))]
+    return T("App", comp(*stages), T("Var", "X", M(rows, N)))
+
+
+def test_a_pad_on_chip_and_the_op_reading_it_are_compiled_stage_by_stage():
+    """The mask multiply that pads each row and the ReLU that reads it run as a loop each, the
+    rows' padded vectors in a buffer between them, so the other rows' multiplies fill each
+    ReLU's wait for its row: faster than the one loop by a wait per row but one. Same output."""
+    rows, k = 6, 3
+    program = generate(relu_of_padded_rows_program(rows, k), TARGET)
+    ops = [[ins.mnemonic for ins in loop.body if isinstance(ins, Instr)] for loop in program.body if isinstance(loop, Loop)]
+    assert ["vv_mul"] in ops and ["v_relu"] in ops and ["vv_mul", "v_relu"] not in ops
+    x = np.random.default_rng(9).standard_normal((rows, N)).astype(np.float32)
+    run, timing = both(program, {"X": x})
+    want = np.zeros((rows, N), np.float32)
+    want[:, :k] = np.maximum(x[:, :k], 0)
+    np.testing.assert_array_equal(run.output.reshape(rows, N), want)
+    assert run.cycles == timing.cycles
+    unspread = _placed(_compiled(relu_of_padded_rows_program(rows, k), TARGET, False, False), TARGET, stored_live=True)
+    one_loop = simulate(unspread, N, None, functional=False)
+    mul = TARGET.op_by_name["bw.vv_mul"]
+    assert one_loop.cycles - run.cycles >= (rows - 1) * (mul.latency - mul.occupancy)
