@@ -82,7 +82,8 @@ def run(target: str, name: str, layers: list[str], shape: tuple[int, ...], funct
     kbest_seconds = time.perf_counter() - t0
     same = r.term == greedy.term
     greedy_sim, greedy_err, greedy_why = simulated(greedy.term, model, tgt, functional)
-    ilp_sim, ilp_err, ilp_why = (greedy_sim, greedy_err, greedy_why) if same else simulated(r.term, model, tgt, functional)
+    ilp_sim, ilp_err, ilp_why = ((greedy_sim, greedy_err, greedy_why) if same
+                                 else simulated(r.term, model, tgt, functional))
     return {**row, "greedy_cycles": greedy.cycles, "greedy_dag_cycles": r.greedy_dag_cycles,
             "ilp_seconds": r.seconds, "ilp_cycles": r.cycles, "status": r.status, "gap": r.gap,
             "contexts": r.contexts, "same_program": same, "greedy_simulated": greedy_sim,
@@ -108,8 +109,8 @@ def table(rows: list[dict]) -> str:
         better = 1 - r["ilp_cycles"] / r["greedy_dag_cycles"] if r["greedy_dag_cycles"] else 0.0
         errs = [e for e in (r["greedy_rel_error"], r["ilp_rel_error"]) if not math.isnan(e)]
         gap = "" if r["status"] == "optimal" else f" ({r['gap']:.1%})"
-        sims = [f"{r[k + '_simulated']}" if r[k + "_simulated"] is not None else f"does not lay out: {r[k + '_unbuildable']}"
-                for k in ("greedy", "ilp")]
+        sims = [f"{r[k + '_simulated']}" if r[k + "_simulated"] is not None
+                else f"does not lay out: {r[k + '_unbuildable']}" for k in ("greedy", "ilp")]
         if r["same_program"]:
             sims[1] = "greedy's program"
         lines.append(f"| {r['layer']} | {r['target']} | {r['enodes']} | {r['greedy_seconds']:.3f} | "

@@ -161,13 +161,20 @@ def dag_cost(term: Term, model: CostModel) -> tuple[float, ...]:
     return tuple(total or ())
 
 
+def _probes(n: int) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """The unit vectors of n cost components, and vectors to check a form read off them on."""
+    units = [tuple(1.0 if j == i else 0.0 for j in range(n)) for i in range(n)]
+    return units, [tuple(float(j + 1) for j in range(n)), tuple(float(n - j) for j in range(n)), (1.0,) * n]
+
+
 def work_weights(model: CostModel, n: int) -> tuple[float, ...]:
     """ww_u such that the model's `work` (its tie-break between costs of equal cycles; 0 for a
     model without one) is Σ_u ww_u c_u, the form the ILP's second objective needs; an
     ExtractionError when it is not linear on probe vectors."""
     work = work_of(model)
-    ww = tuple(float(work(tuple(1.0 if j == i else 0.0 for j in range(n)))) for i in range(n))
-    for p in (tuple(float(j + 1) for j in range(n)), tuple(float(n - j) for j in range(n))):
+    units, probes = _probes(n)
+    ww = tuple(float(work(u)) for u in units)
+    for p in probes:
         if not math.isclose(work(p), sum(a * b for a, b in zip(ww, p)), rel_tol=1e-9, abs_tol=1e-9):
             raise ExtractionError("the ILP extractor needs the cost model's work to be linear in its cost "
                                   "components; this model's is not")
@@ -178,8 +185,8 @@ def unit_weights(model: CostModel, n: int) -> tuple[float, ...]:
     """w_u such that model.scalar(c) = max_u w_u c_u for every cost c counted in a context (the
     objective sums those), the form the ILP's objective needs; an ExtractionError when the
     model's scalar is not of that form on probe vectors."""
-    w = tuple(float(model.scalar(tuple(1.0 if j == i else 0.0 for j in range(n)))) for i in range(n))
-    probes = [tuple(float(j + 1) for j in range(n)), tuple(float(n - j) for j in range(n)), (1.0,) * n]
+    units, probes = _probes(n)
+    w = tuple(float(model.scalar(u)) for u in units)
     for p in (model.counted(p, 1.0, 1) for p in probes):
         if not math.isclose(model.scalar(p), max(a * b for a, b in zip(w, p)), rel_tol=1e-9):
             raise ExtractionError("the ILP extractor needs the cost model's scalar to be a weighted max over "
@@ -475,7 +482,7 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
         found = ilp.term(picked) if picked else greedy.term
         found_cost = dag_cost(found, model)
         if model.scalar(found_cost) < model.scalar(cost):
-            term, cost, start = found, found_cost, picked
+            term, cost = found, found_cost
         cycles = model.scalar(cost)
         gap = max(cycles - bound, 0.0) / cycles if cycles > 0 else 0.0
         if not proved:
@@ -483,19 +490,20 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
             break
         if cycles - bound <= max(ABS_GAP + TIE_BREAK, REL_GAP * cycles):
             status, gap = "optimal", 0.0
-            if any(work):
-                term, cost = _least_work(ilp, model, weights, work, start, term, cost, t0 + time_limit)
+            if any(work):  # warm-started from a program that fast: greedy's if kept, else this depth's optimum
+                within = start if term == greedy.term else picked
+                term, cost = _least_work(ilp, model, weights, work, within, term, cost, t0 + time_limit)
             break
         status = f"bound gap (input keys of depth {depth} merge uses the program keeps apart)"
     return IlpExtracted(term, cost, model.scalar(cost), status, gap, time.perf_counter() - t0, contexts, greedy,
                         model.scalar(greedy_dag))
 
 
-def _least_work(ilp: _Model, model: CostModel, weights: tuple[float, ...], work: tuple[float, ...],
-                start: list[int], term: Term, cost: tuple[float, ...], deadline: float) -> tuple[Term, tuple[float, ...]]:
-    """Of the programs no slower than `term` (whose options are `start`), the one of least work
-    (greedy's tie-break), found by the second ILP within the deadline; `term` itself when that
-    finds none with less work and as few cycles counted with full keys."""
+def _least_work(ilp: _Model, model: CostModel, weights: tuple[float, ...], work: tuple[float, ...], start: list[int],
+                term: Term, cost: tuple[float, ...], deadline: float) -> tuple[Term, tuple[float, ...]]:
+    """Of the programs no slower than `term` (`start`: the options of one of them), the one of
+    least work (greedy's tie-break), found by the second ILP within the deadline; `term` itself
+    when that finds none with less work and as few cycles counted with full keys."""
     picked, _, _ = ilp.solve(weights, start, deadline, work, model.scalar(cost))
     if not picked:
         return term, cost

@@ -506,7 +506,8 @@ def test_a_pad_on_chip_and_the_op_reading_it_are_compiled_stage_by_stage():
     ReLU's wait for its row: faster than the one loop by a wait per row but one. Same output."""
     rows, k = 6, 3
     program = generate(relu_of_padded_rows_program(rows, k), TARGET)
-    ops = [[ins.mnemonic for ins in loop.body if isinstance(ins, Instr)] for loop in program.body if isinstance(loop, Loop)]
+    loops = [item for item in program.body if isinstance(item, Loop)]
+    ops = [[ins.mnemonic for ins in loop.body if isinstance(ins, Instr)] for loop in loops]
     assert ["vv_mul"] in ops and ["v_relu"] in ops and ["vv_mul", "v_relu"] not in ops
     x = np.random.default_rng(9).standard_normal((rows, N)).astype(np.float32)
     run, timing = both(program, {"X": x})
