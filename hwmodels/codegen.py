@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from egraph_rules.ir import T, Term, comp, fout, lifted, shape_of, ta, ty
+from egraph_rules.ir import T, Term, comp, fin, fout, lifted, shape_of, ta, ty
 from hwmodels.isa import Affine, Block, HostBuffer, Instr, Loop, Operand, Program, loop_var
 from hwmodels.memory_plan import Buffer, PlanError, innermost, lifetimes, live_peak, memory_sizes, plans, relocate
 from hwmodels.step_order import Span, state_independent_first
@@ -318,6 +318,27 @@ def _fuse_pair_maps(stages: list[Term]) -> list[Term]:
         if f.op == "Map" and g.op == "Map" and g.args[0].op == "Fork" and f.args[1] == g.args[1]:
             out[i - 1 : i + 1] = [T("Map", comp(f.args[0], g.args[0]), f.args[1])]
     return out
+
+
+def _stores(f: Term) -> bool:
+    """Whether f moves its result to DRAM (a stage of it does)."""
+    return any(s.op in ("ToOutput", "ToDram") for s in _stages(f))
+
+
+def _on_chip(f: Term) -> bool:
+    """Whether f only computes on chip: device ops, pairs, constants and re-indexings, no moves."""
+    if f.op in ("Comp", "Fork", "Map"):
+        return all(_on_chip(a) for a in f.args if isinstance(a, Term) and a.sort == "F")
+    return f.op in ("Dev", "Const", "Zip", "Id", "Fst", "Snd") or _is_view(f)
+
+
+def _devices(f: Term, times: int = 1) -> Iterator[tuple[Term, int]]:
+    """The device ops (Dev) of f, each with how many times one application of f runs it."""
+    if f.op == "Dev":
+        yield f, times
+    for a in f.args:
+        if isinstance(a, Term) and a.sort == "F":
+            yield from _devices(a, times * f.args[1] if f.op == "Map" else times)
 
 
 def _layout_only(f: Term, pad: bool) -> bool:
@@ -659,7 +680,7 @@ class Codegen:
                 # the result before the re-indexing goes where the re-indexing puts it in place
                 return _view(a[0], self.apply(a[1], v, inner_dest), 0)
             stages = _stages(f)
-            fused = _fuse_pair_maps(stages)
+            fused = self.rows_streamed(_fuse_pair_maps(stages))
             if fused != stages:
                 return self.apply(comp(*fused), v, dest)
             if dest is None and stages[0].op in ("ToOutput", "ToDram") and stages[1].op == "Map" \
@@ -783,6 +804,27 @@ class Codegen:
             return None
         self.spread = True
         return out
+
+    def rows_streamed(self, stages: list[Term]) -> list[Term]:
+        """Stages (applied last first) with a Map of device ops on chip, split into rows that a
+        Map then stores row by row, computed in that Map's loop instead (Split k . Map f =
+        Map (Map f) . Split k, then map fusion), where a row's instructions outlast their
+        latency: the first row is stored once it is done, not once every row is, and the
+        unit running f waits no longer than in one loop over all rows."""
+        for i in range(len(stages) - 2):
+            g, split, f = stages[i : i + 3]
+            if not (g.op == "Map" and split.op == "Split" and f.op == "Map" and _stores(g.args[0])
+                    and _on_chip(f.args[0])):
+                continue
+            k, m = split.args[0], f.args[1]
+            specs = [(self.ops.get(d.args[0]), times) for d, times in _devices(f.args[0])]
+            if not specs or any(spec is None for spec, _ in specs):
+                continue
+            if k * sum(spec.occupancy * times for spec, times in specs) < max(spec.latency for spec, _ in specs):
+                continue
+            rows = [T("Map", comp(g.args[0], T("Map", f.args[0], k)), m // k), T("Split", k, ta(fin(f.args[0]), m))]
+            return stages[:i] + rows + stages[i + 3 :]
+        return stages
 
     def masker(self, v: object) -> OpSpec | None:
         """The device op `pad_on_chip` pads the vectors of v with: the target's vector multiply

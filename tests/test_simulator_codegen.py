@@ -1,5 +1,6 @@
 """Code generation and the cycle-counting simulator, on terms of device ops written by hand
-(no saturation), at native dimension 4 so programs stay small."""
+(no saturation), at native dimension 4 so programs stay small (Snowflake at its own 16 where
+a store must take longer than the op before it, as there)."""
 
 from __future__ import annotations
 
@@ -519,3 +520,47 @@ def test_a_pad_on_chip_and_the_op_reading_it_are_compiled_stage_by_stage():
     one_loop = simulate(unspread, N, None, functional=False)
     mul = TARGET.op_by_name["bw.vv_mul"]
     assert one_loop.cycles - run.cycles >= (rows - 1) * (mul.latency - mul.occupancy)
+
+
+SNOWFLAKE = get_target("snowflake")
+
+
+def tanh_rows_stored_program(rows: int, k: int) -> Term:
+    """X -> tanh of every vector on chip, split into rows of k that a Map ReLUs and stores row
+    by row (Snowflake: a store, 4 cycles a vector, outlasts the MAX that ReLUs it, 1 cycle)."""
+    n, native = rows * k, SNOWFLAKE.native_dim
+    op = {name: SNOWFLAKE.op_by_name[f"sf.{name}"].op.term for name in ("tanh", "relu")}
+    stages = [T("Map", comp(T("ToOutput", tensor_type("f32", (k, native))), T("Map", op["relu"], k)), rows),
+              T("Split", k, tensor_type("f32", (n, native))), T("Map", op["tanh"], n),
+              T("ToChip", "sf.mbuf", tensor_type("f32", (n, native)))]
+    return T("App", comp(*stages), T("Var", "X", tensor_type("f32", (n, native))))
+
+
+@pytest.mark.parametrize("rows, k", [(8, 8), (2, 32)])
+def test_rows_stored_one_by_one_are_computed_in_the_storing_loop(rows, k, monkeypatch):
+    """The tanh of each row runs in the loop that ReLUs and stores the rows, so the first row is
+    stored once its tanh is done, not once every row's is: the stores, the slowest unit's work,
+    start (rows - 1) * k tanh earlier. Same output."""
+    native = SNOWFLAKE.native_dim
+    program = generate(tanh_rows_stored_program(rows, k), SNOWFLAKE)
+    outer = [item for item in program.body if isinstance(item, Loop) and item.count == rows]
+    assert [ins.mnemonic for loop in outer[0].body for ins in loop.body] == ["TANH", "MAX", "TMOV"]
+    x = np.random.default_rng(4).standard_normal((rows * k, native)).astype(np.float32)
+    run = simulate(program, native, {"X": x}, functional=True)
+    np.testing.assert_allclose(run.output.reshape(rows * k, native), np.maximum(np.tanh(x), 0), rtol=1e-6, atol=1e-6)
+    assert run.cycles == simulate(program, native, None, functional=False).cycles
+    monkeypatch.setattr(Codegen, "rows_streamed", lambda self, stages: stages)
+    whole = simulate(generate(tanh_rows_stored_program(rows, k), SNOWFLAKE), native, None, functional=False)
+    tanh = SNOWFLAKE.op_by_name["sf.tanh"]
+    assert whole.cycles - run.cycles >= (rows - 1) * k * tanh.occupancy
+
+
+def test_rows_shorter_than_the_latency_are_not_computed_in_the_storing_loop():
+    """Where a row's tanh take fewer cycles than a tanh's latency, the MAX after them would wait
+    on every row: the tanh stay one loop over all rows, before the loop that stores."""
+    rows, k = 16, 4
+    assert k * SNOWFLAKE.op_by_name["sf.tanh"].occupancy < SNOWFLAKE.op_by_name["sf.tanh"].latency
+    program = generate(tanh_rows_stored_program(rows, k), SNOWFLAKE)
+    top = [(item.count, [ins.mnemonic for ins in item.body if isinstance(ins, Instr)])
+           for item in program.body if isinstance(item, Loop)]
+    assert (rows * k, ["TANH"]) in top
