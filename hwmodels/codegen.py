@@ -325,20 +325,22 @@ def _stores(f: Term) -> bool:
     return any(s.op in ("ToOutput", "ToDram") for s in _stages(f))
 
 
-def _on_chip(f: Term) -> bool:
-    """Whether f only computes on chip: device ops, pairs, constants and re-indexings, no moves."""
-    if f.op in ("Comp", "Fork", "Map"):
-        return all(_on_chip(a) for a in f.args if isinstance(a, Term) and a.sort == "F")
-    return f.op in ("Dev", "Const", "Zip", "Id", "Fst", "Snd") or _is_view(f)
-
-
-def _devices(f: Term, times: int = 1) -> Iterator[tuple[Term, int]]:
-    """The device ops (Dev) of f, each with how many times one application of f runs it."""
+def _chip_ops(f: Term, times: int = 1) -> list[tuple[Term, int]] | None:
+    """The device ops (Dev) of f, each with how many times one application of f runs it; None
+    where f does more than compute on chip with device ops, pairs, constants and re-indexings
+    (a move, a reduction, a pad)."""
     if f.op == "Dev":
-        yield f, times
+        return [(f, times)]
+    if f.op not in ("Comp", "Fork", "Map"):
+        return [] if f.op in ("Const", "Zip", "Id", "Fst", "Snd") or _is_view(f) else None
+    out: list[tuple[Term, int]] = []
     for a in f.args:
         if isinstance(a, Term) and a.sort == "F":
-            yield from _devices(a, times * f.args[1] if f.op == "Map" else times)
+            got = _chip_ops(a, times * f.args[1] if f.op == "Map" else times)
+            if got is None:
+                return None
+            out += got
+    return out
 
 
 def _layout_only(f: Term, pad: bool) -> bool:
@@ -813,11 +815,10 @@ class Codegen:
         unit running f waits no longer than in one loop over all rows."""
         for i in range(len(stages) - 2):
             g, split, f = stages[i : i + 3]
-            if not (g.op == "Map" and split.op == "Split" and f.op == "Map" and _stores(g.args[0])
-                    and _on_chip(f.args[0])):
+            if not (g.op == "Map" and split.op == "Split" and f.op == "Map" and _stores(g.args[0])):
                 continue
             k, m = split.args[0], f.args[1]
-            specs = [(self.ops.get(d.args[0]), times) for d, times in _devices(f.args[0])]
+            specs = [(self.ops.get(d.args[0]), times) for d, times in _chip_ops(f.args[0]) or ()]
             if not specs or any(spec is None for spec, _ in specs):
                 continue
             if k * sum(spec.occupancy * times for spec, times in specs) < max(spec.latency for spec, _ in specs):
