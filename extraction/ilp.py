@@ -60,7 +60,7 @@ import numpy as np
 from egraph_rules.ir import SCHEMA, Term
 from egraph_rules.saturate import SaturatedGraph
 from extraction.greedy import (Choice, Computation, CostModel, Extracted, ExtractionError, GraphView,
-                               chosen_program, computations, fixpoint, greedy_choice, work_of)
+                               computations, fixpoint, greedy_best, work_of)
 
 INF = math.inf
 #: contexts beyond which no ILP is built (the greedy program is returned, and the status says why)
@@ -465,8 +465,7 @@ def extract_ilp(graph: SaturatedGraph, root: str, model: CostModel, time_limit: 
     is returned with the reason as its status."""
     t0 = time.perf_counter()
     view = GraphView(graph)
-    best = greedy_choice(graph, model, view)
-    greedy = chosen_program(root, best, view)
+    best, greedy = greedy_best(graph, root, model, view)
     greedy_dag = dag_cost(greedy.term, model)
     weights, work = unit_weights(model, len(greedy_dag)), work_weights(model, len(greedy_dag))
     term, cost, status, gap, contexts = greedy.term, greedy_dag, "", 0.0, 0
