@@ -280,7 +280,32 @@ def work_of(model: CostModel) -> Callable[[Any], float]:
     return getattr(model, "work", None) or (lambda cost: 0.0)
 
 
-def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView, runs: float = 1.0) -> dict[str, Choice]:
+class EnodeCosts:
+    """Each e-node's cost as a function of its children's (`combiner_of`), decoded
+    (`admission`) the first time it is asked for and kept, so greedy's two rankings decode the
+    graph once; False for an e-node extraction leaves out."""
+
+    def __init__(self, graph: SaturatedGraph, model: CostModel, view: GraphView):
+        self.admit, self.combiner = admission(graph, view, model), combiner_of(model)
+        self.ops, self.kids = graph.functions.ops, graph.functions.kids
+        self.made: dict[tuple, Callable[[list[Any]], Any]] = {}
+        self.costs: list[Callable[[list[Any]], Any] | bool | None] = [None] * len(self.ops)
+
+    def __call__(self, n: int) -> Callable[[list[Any]], Any] | bool:
+        cost_of = self.costs[n]
+        if cost_of is None:
+            args = self.admit(n)
+            if args is None:
+                cost_of = self.costs[n] = False
+            else:
+                key = (self.ops[n], args)
+                cost_of = self.costs[n] = self.made.get(key) or self.made.setdefault(
+                    key, self.combiner(self.ops[n], args, len(self.kids[n])))
+        return cost_of
+
+
+def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView, runs: float = 1.0,
+                  enode_costs: EnodeCosts | None = None) -> dict[str, Choice]:
     """For every e-class with a finite-cost term, its `Choice`, each sub-program ranked by the
     cycles of `runs` runs of it (`CostModel.counted`): with one, as a program; with more, as the
     body of a loop, whose every run pays what is paid per run (its loads' steady waits, its
@@ -299,18 +324,13 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView, runs
     convolution's 140 k e-node graph, from before saturation undid steps past twice the node
     limit, 46 k of 47 k e-classes were free re-layouts, of weights mostly, reached 110 k ways),
     and e-nodes are decoded (`admission`) when first priced, so those whose children never get
-    a cost never are."""
+    a cost never are (`enode_costs`: decoded by an earlier pass over the same graph and model)."""
     best: dict[str, Choice] = {}
-    ids, ops, kids, classes = graph.functions.ids, graph.functions.ops, graph.functions.kids, graph.functions.classes
+    ids, kids, classes = graph.functions.ids, graph.functions.kids, graph.functions.classes
     users, missing = graph.functions.uses.users, list(graph.functions.uses.distinct)
-    admit, scalar = admission(graph, view, model), model.scalar
-    if runs != 1:
-        scalar = partial(_runs_scalar, model, runs)
+    scalar = model.scalar if runs == 1 else partial(_runs_scalar, model, runs)
     work = work_of(model)
-    combiner = combiner_of(model)
-    made: dict[tuple, Callable[[list[Any]], Any]] = {}
-    #: each e-node's cost as a function of its children's (None: not decoded yet; False: left out)
-    costs: list[Callable[[list[Any]], Any] | bool | None] = [None] * len(ids)
+    cost_fn = enode_costs or EnodeCosts(graph, model, view)
     version = [0] * len(ids)
     heap: list[tuple[float, float, int, str, int, int, Any]] = []
     pop, push = heapq.heappop, heapq.heappush
@@ -321,14 +341,7 @@ def greedy_choice(graph: SaturatedGraph, model: CostModel, view: GraphView, runs
         size, old = 1 + sum([b.size for b in chosen]), best.get(classes[n])
         if old is not None and (0.0, 0.0, size, ids[n]) >= old[:4]:
             return  # cycles and work are never negative: even free, it would not beat its class
-        cost_of = costs[n]
-        if cost_of is None:
-            args = admit(n)
-            if args is None:
-                cost_of = costs[n] = False
-            else:
-                key = (ops[n], args)
-                cost_of = costs[n] = made.get(key) or made.setdefault(key, combiner(ops[n], args, len(kids[n])))
+        cost_of = cost_fn(n)
         if cost_of is False:
             return
         cost = cost_of([b.cost for b in chosen])
@@ -379,9 +392,9 @@ def greedy_best(graph: SaturatedGraph, root: str, model: CostModel, view: GraphV
     pixel, 152,320); ranked as loop bodies, a program's own top level is, too, so neither pass
     is always the better. A model without `counted` (costs not told apart by run) ranks as
     programs only."""
-    found = []
+    found, enode_costs = [], EnodeCosts(graph, model, view)
     for runs in (1.0, LOOP_RUNS) if hasattr(model, "counted") else (1.0,):
-        best = greedy_choice(graph, model, view, runs)
+        best = greedy_choice(graph, model, view, runs, enode_costs)
         found.append((best, chosen_program(root, best, view, model)))
     return min(found, key=lambda f: f[1].cycles)
 
