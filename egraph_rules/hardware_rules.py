@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from egraph_rules.ir import T, Term, fin, fout
-from egraph_rules.rules import Rule
+from egraph_rules.rules import Rule, chain_rewrites
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,9 @@ def _scaled(t: Term, k: int) -> Term:
 
 
 def hardware_rules(ops: list[DeviceOp], native: int) -> list[Rule]:
-    """One rule per device op: its meaning is replaced by the op applied to its moved operands;
-    and for the ops that read a matrix, moving operands before tiling."""
+    """Per device op: its meaning is replaced by the op applied to its moved operands, and a
+    store of its result by the op with the store chained (`store_chain_rule`); and for the ops
+    that read a matrix, moving operands before tiling."""
     rules = [early_move_rule(op, native) for op in ops if op.is_matrix]
     for op in ops:
         dev = op.term.sexpr
@@ -125,4 +126,20 @@ def hardware_rules(ops: list[DeviceOp], native: int) -> list[Rule]:
 
         rules.append(Rule(f"hw:{op.name}", "hardware", (text,), f"operands exactly {fin(op.meaning)}",
                           f"{op.meaning.op} at this size is device op {op.name}", example))
+        rules.append(store_chain_rule(op))
     return rules
+
+
+def store_chain_rule(op: DeviceOp) -> Rule:
+    """Storing the op's result = the op with its store chained to it (`DevOut`): one e-node the
+    cost model prices as a pipeline, each result stored while the op computes the next, which a
+    cost linear per e-node cannot see in the op and the store apart."""
+    out = fout(op.meaning)
+    chained = T("DevOut", op.name, fin(op.meaning), out)
+
+    def example(rng: np.random.Generator) -> Term:
+        return T("Comp", T("ToOutput", out), op.term)
+
+    return Rule(f"hw-out:{op.name}", "hardware",
+                chain_rewrites([T("ToOutput", out).sexpr, op.term.sexpr], [chained.sexpr], "hardware"),
+                "none", f"ToOutput . {op.name} = {op.name} with its store chained", example)

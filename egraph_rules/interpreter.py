@@ -199,7 +199,7 @@ class Interpreter:
             return self.value(a[0]) @ x + self.value(a[1])
         if op == "LinearNB":
             return self.value(a[0]) @ x
-        if op == "Dev":
+        if op in ("Dev", "DevOut"):  # a stored value is the value
             if a[0] not in self.device_meanings:
                 raise IRTypeError(f"no meaning known for device op {a[0]!r}")
             return self.apply(self.device_meanings[a[0]], x)

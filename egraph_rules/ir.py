@@ -104,6 +104,9 @@ SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
     "ToOutput": ("F", ("Ty",)),
     # device operator: name, input type, output type
     "Dev": ("F", ("String", "Ty", "Ty")),
+    # a device operator whose result is written to the output as it is computed (its store
+    # chained to it: Comp(ToOutput u, Dev name t u)), so a loop's stores stream behind its ops
+    "DevOut": ("F", ("String", "Ty", "Ty")),
 }
 
 
@@ -422,7 +425,7 @@ def fout(f: Term) -> Term:  # noqa: C901 - one case per constructor reads best a
         return out
     if op in ("ToChip", "Restage", "ToDram", "ToOutput"):
         return a[-1]
-    if op == "Dev":
+    if op in ("Dev", "DevOut"):
         return a[2]
     raise IRTypeError(f"{op} is not a function")
 

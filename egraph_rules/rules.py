@@ -184,6 +184,7 @@ LEAF_FOUT = {
     "ToDram": ("(ToDram t)", "t"),
     "ToOutput": ("(ToOutput t)", "t"),
     "Dev": ("(Dev name t u)", "u"),
+    "DevOut": ("(DevOut name t u)", "u"),
 }
 
 

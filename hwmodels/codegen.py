@@ -320,6 +320,20 @@ def _fuse_pair_maps(stages: list[Term]) -> list[Term]:
     return out
 
 
+def _unchained(f: Term, done: dict[Term, Term] | None = None) -> Term:
+    """f with each device op whose store is chained to it (`DevOut`) as the op, then the store:
+    the instructions they compile to, and the form every pass of codegen knows."""
+    done = {} if done is None else done
+    if f not in done:
+        if f.op == "DevOut":
+            name, t, u = f.args
+            done[f] = T("Comp", T("ToOutput", u), T("Dev", name, t, u))
+        else:
+            args = tuple(_unchained(a, done) if isinstance(a, Term) else a for a in f.args)
+            done[f] = f if args == f.args else T(f.op, *args)
+    return done[f]
+
+
 def _stores(f: Term) -> bool:
     """Whether f moves its result to DRAM (a stage of it does)."""
     return any(s.op in ("ToOutput", "ToDram") for s in _stages(f))
@@ -1174,6 +1188,7 @@ def generate(term: Term, target: Target) -> Program:
     kept apart, then shared (`_ATTEMPTS`)."""
     if term.op != "App":
         raise CodegenError("a program is a function applied to its input")
+    term = _unchained(term)
     compiled: dict[tuple[bool, bool], Program | _Unplaced] = {}
     overflow: CapacityError | None = None
     for spread, stored_live in _ATTEMPTS:

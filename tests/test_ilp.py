@@ -73,7 +73,7 @@ def test_ilp_is_never_dearer_than_greedy(solved, case):
 def test_ilp_program_means_the_layer_and_uses_target_ops(solved, case):
     r, model, tgt, _ = solved[case]
     assert ty(r.term) == ty(model.term)
-    devs = {t.args[0] for t in r.term.walk() if t.op == "Dev"}
+    devs = {t.args[0] for t in r.term.walk() if t.op in ("Dev", "DevOut")}
     assert devs and devs <= set(tgt.op_by_name)
     assert not {"Linear", "MVMul", "VVRelu", "GRUCell", "MMMul"} & {t.op for t in r.term.walk()}
     meanings = {op.name: op.meaning for op in tgt.device_ops()}

@@ -30,7 +30,7 @@ def together(request):
 def _uses_only_its_own(r: Result) -> None:
     t = get_target(r.target)
     for node in r.term.walk():
-        if node.op == "Dev":
+        if node.op in ("Dev", "DevOut"):
             assert node.args[0] in t.op_by_name, f"{r.target} program uses {node.args[0]}"
         if node.op == "ToChip":
             assert node.args[0] in t.memories, f"{r.target} program moves into {node.args[0]}"
@@ -204,7 +204,9 @@ def test_a_program_that_does_not_fit_gives_way_to_the_next_cheapest(monkeypatch)
 
     monkeypatch.setattr(api, "generate", overflowing)
     r = optimize(["GRUCell(64, 64)"], (1, 64), "brainwave", alternatives=2)
-    assert r.term != first.term and r.predicted_cycles >= first.predicted_cycles
+    # the next cheapest by tree cost, as greedy and k-best extraction rank programs: its
+    # prediction, which pays a shared sub-term once, may be lower (356 cycles against 364)
+    assert r.term != first.term
     assert r.max_rel_error < 1e-5 and len(r.alternatives) == 1
     assert r.unbuildable == [f"predicted {first.predicted_cycles:.0f} cycles: bw.vrf overflow: the program needs "
                              "2 MiB, capacity 1 MiB"]

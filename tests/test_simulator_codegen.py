@@ -75,6 +75,24 @@ def test_relu_program(blocks, seed):
     np.testing.assert_array_equal(run.output, np.maximum(x, 0))
 
 
+def test_a_chained_store_compiles_as_the_op_then_the_store():
+    # DevOut (an op with its store chained to it) is the same instructions as the op, then the
+    # store, in the loop that runs it: each vector stored as it is computed
+    blocks = 6
+    chained = T("DevOut", "bw.v_relu", V(N), V(N))
+    f = comp(T("Join", M(blocks, N)), T("Map", chained, blocks), T("Split", N, V(blocks * N)),
+             T("ToChip", VRF, V(blocks * N)))
+    apart = comp(T("Join", M(blocks, N)), T("Map", comp(T("ToOutput", V(N)), dev("v_relu")), blocks),
+                 T("Split", N, V(blocks * N)), T("ToChip", VRF, V(blocks * N)))
+    x = np.random.default_rng(3).standard_normal(blocks * N).astype(np.float32)
+    program = generate(T("App", f, T("Var", "x", V(blocks * N))), TARGET)
+    assert program == generate(T("App", apart, T("Var", "x", V(blocks * N))), TARGET)
+    assert [[i.mnemonic for i in loop.body] for loop in program.body] == [["v_rd"], ["v_relu", "v_wr"]]
+    run, timing = both(program, {"x": x})
+    assert run.cycles == timing.cycles
+    np.testing.assert_array_equal(run.output, np.maximum(x, 0))
+
+
 def test_pinned_weights_load_in_setup():
     rng = np.random.default_rng(1)
     w, x = rng.standard_normal((N, N)).astype(np.float32), rng.standard_normal(N).astype(np.float32)
