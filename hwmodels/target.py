@@ -394,7 +394,10 @@ class CycleCost:
         (VTA's 20x5 convolution over 4x1x161x700 storing each output row's pixels as it adds
         their bias: 9.4 M cycles, 4.5 M predicted without the wait; Snowflake's 151x40 one
         24,220, 19,748 predicted). The model charges each of the m - 1 later runs the stores'
-        whole drain, as for stores apart, on the op units and the chain."""
+        whole drain, as for stores apart, on the op units and the chain. A body without chained
+        stores, nearly every one, is c itself (extraction calls this for every loop e-node)."""
+        if not (c[_REUSE] or c[_REUSE_NEXT]):
+            return c
         out = list(c)
         wait = (m - 1) * c[_REUSE_NEXT] / m if m else 0.0
         for i in _WAITED:
